@@ -1,0 +1,80 @@
+// A non-owning view of a dense, row-major (C-contiguous) tensor, and the execution settings every
+// operator call takes.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "moe_routing/dtype.h"
+
+namespace moe_routing {
+
+enum class Device : int32_t { cpu = 0, cuda = 1 };
+
+/// "cpu" or "cuda".
+const char* device_name(Device device);
+
+constexpr int kMaxDims = 8;
+
+/// Non-owning, contiguous row-major. Inputs are read through it and never written.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::float32;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {};
+  Device device = Device::cpu;
+
+  TensorView() = default;
+  TensorView(void* data_, DType dtype_, std::initializer_list<int64_t> shape_,
+             Device device_ = Device::cpu);
+  TensorView(const void* data_, DType dtype_, std::initializer_list<int64_t> shape_,
+             Device device_ = Device::cpu)
+      : TensorView(const_cast<void*>(data_), dtype_, shape_, device_) {}
+  /// From a shape array of `ndim_` entries (ndim_ <= kMaxDims is the caller's duty; more are cut).
+  TensorView(void* data_, DType dtype_, int ndim_, const int64_t* shape_,
+             Device device_ = Device::cpu);
+
+  int64_t size(int dim) const { return shape[dim]; }
+  /// Product of the shape (1 for a 0-d tensor). Saturates at INT64_MAX instead of overflowing.
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(data); }
+};
+
+/// "[2, 3]"
+std::string shape_string(const TensorView& t);
+/// "2-D float16 [2, 3]"
+std::string describe(const TensorView& t);
+
+/// Which implementation runs a call.
+enum class Backend : int32_t {
+  automatic = 0,  // the device's fastest implementation (CPU kernels for CPU tensors)
+  reference = 1,  // the plain reference implementation (slow; the definition of the semantics)
+  cpu = 2,        // the CPU kernels
+};
+
+/// Which CPU instruction set the CPU kernels use. `automatic` picks the best the CPU supports.
+enum class CpuIsa : int32_t { automatic = 0, baseline = 1, avx2 = 2 };
+
+/// "automatic", "baseline", "avx2".
+const char* cpu_isa_name(CpuIsa isa);
+/// Whether this build contains, and this CPU can run, the given ISA's kernels.
+bool cpu_isa_available(CpuIsa isa);
+/// The ISA `automatic` resolves to on this machine.
+CpuIsa best_cpu_isa();
+
+struct ExecConfig {
+  Backend backend = Backend::automatic;
+  /// CPU threads for this call; 0 = the library default (see set_num_threads).
+  int num_threads = 0;
+  CpuIsa isa = CpuIsa::automatic;
+};
+
+/// Library-wide default thread count for CPU kernels. 0 restores the initial default: the
+/// MOE_ROUTING_NUM_THREADS environment variable if set, else every core.
+void set_num_threads(int num_threads);
+int get_num_threads();
+
+}  // namespace moe_routing

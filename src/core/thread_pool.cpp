@@ -1,0 +1,140 @@
+#include "core/thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "moe_routing/tensor.h"
+
+namespace moe_routing {
+namespace {
+
+int initial_default_threads() {
+  if (const char* env = std::getenv("MOE_ROUTING_NUM_THREADS")) {
+    int value = std::atoi(env);
+    if (value > 0) return value;
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : int(hw);
+}
+
+std::atomic<int>& default_threads() {
+  static std::atomic<int> value{initial_default_threads()};
+  return value;
+}
+
+class ThreadPool {
+ public:
+  static ThreadPool& instance() {
+    // Leaked on purpose: joining threads from a static destructor at exit is fragile.
+    static ThreadPool* pool = new ThreadPool();
+    return *pool;
+  }
+
+  void run(int64_t num_tasks, int num_threads, const std::function<void(int64_t, int64_t)>& fn) {
+    int64_t pieces = std::min<int64_t>(num_threads, num_tasks);
+    if (pieces <= 1) {
+      if (num_tasks > 0) fn(0, num_tasks);
+      return;
+    }
+    std::unique_lock<std::mutex> busy(dispatch_mutex_, std::try_to_lock);
+    if (!busy.owns_lock()) {  // nested or concurrent use: run inline, same results
+      fn(0, num_tasks);
+      return;
+    }
+    ensure_workers(int(pieces) - 1);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = &fn;
+      job_tasks_ = num_tasks;
+      job_pieces_ = pieces;
+      next_piece_.store(1);  // piece 0 is the caller's
+      pending_ = pieces - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    run_piece(0);
+    while (true) {
+      int64_t piece = next_piece_.fetch_add(1);
+      if (piece >= job_pieces_) break;
+      run_piece(piece);
+      finish_piece();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void run_piece(int64_t piece) {
+    int64_t begin = job_tasks_ * piece / job_pieces_;
+    int64_t end = job_tasks_ * (piece + 1) / job_pieces_;
+    if (begin < end) (*job_)(begin, end);
+  }
+
+  void finish_piece() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--pending_ == 0) done_.notify_all();
+  }
+
+  void ensure_workers(int count) {
+    while (int(workers_.size()) < count) workers_.emplace_back([this] { worker_loop(); });
+  }
+
+  void worker_loop() {
+    uint64_t seen = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      seen = generation_;
+    }
+    while (true) {
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_ != seen; });
+        seen = generation_;
+      }
+      while (true) {
+        int64_t piece = next_piece_.fetch_add(1);
+        if (piece >= job_pieces_) break;
+        run_piece(piece);
+        finish_piece();
+      }
+    }
+  }
+
+  std::mutex dispatch_mutex_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::vector<std::thread> workers_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_tasks_ = 0;
+  std::atomic<int64_t> job_pieces_{0};
+  std::atomic<int64_t> next_piece_{0};
+  int64_t pending_ = 0;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace
+
+void set_num_threads(int num_threads) {
+  default_threads().store(num_threads > 0 ? num_threads : initial_default_threads());
+}
+
+int get_num_threads() { return default_threads().load(); }
+
+namespace detail {
+
+int resolve_num_threads(int requested) { return requested > 0 ? requested : get_num_threads(); }
+
+void parallel_for(int64_t num_tasks, int num_threads,
+                  const std::function<void(int64_t, int64_t)>& fn) {
+  ThreadPool::instance().run(num_tasks, std::max(1, num_threads), fn);
+}
+
+}  // namespace detail
+}  // namespace moe_routing

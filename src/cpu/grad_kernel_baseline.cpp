@@ -1,0 +1,10 @@
+// Baseline instruction set (any x86-64 / any CPU): scalar float32 steps.
+#include "cpu/grad_kernel_impl.h"
+
+namespace moe_routing::cpu {
+
+void grad_kernel_baseline(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
+  grad_dispatch_dtype<ScalarOps>(args, unit_begin, unit_end);
+}
+
+}  // namespace moe_routing::cpu

@@ -1,0 +1,172 @@
+// Shape inference and every check of moe_init_routing_grad, written once (spec §1.3 as amended by
+// DECISIONS.md §5, §7, §10, §14). The CLI, the C ABI, the torch Meta kernel and every backend call
+// through here.
+#include <cstring>
+#include <limits>
+
+#include "moe_routing/moe_init_routing_grad.h"
+
+namespace moe_routing {
+namespace {
+
+constexpr const char* kOp = "moe_init_routing_grad: ";
+
+Status check_dims_non_negative(const char* name, const TensorView& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] < 0)
+      return invalid_argument(kOp, name, " dimensions must be >= 0, got ", shape_string(t));
+  return Status::ok();
+}
+
+}  // namespace
+
+const char* accumulation_order_name(AccumulationOrder order) {
+  switch (order) {
+    case AccumulationOrder::tree: return "tree";
+    case AccumulationOrder::sequential: return "sequential";
+  }
+  return "unknown";
+}
+
+bool parse_accumulation_order(const char* text, AccumulationOrder* order) {
+  if (text == nullptr) return false;
+  if (std::strcmp(text, "tree") == 0) {
+    *order = AccumulationOrder::tree;
+    return true;
+  }
+  if (std::strcmp(text, "sequential") == 0) {
+    *order = AccumulationOrder::sequential;
+    return true;
+  }
+  return false;
+}
+
+const char* grad_scenario_name(GradScenario scenario) {
+  switch (scenario) {
+    case GradScenario::dropless: return "dropless";
+    case GradScenario::active: return "active";
+    case GradScenario::drop_pad: return "drop_pad";
+  }
+  return "unknown";
+}
+
+TreeShape tree_shape(int64_t top_k) {
+  // Atlas A2/A3 tiling: K >= 128 -> 64 bins, 6 levels; else L = max(0, floor(log2 K) - 1).
+  if (top_k >= 128) return {64, 6};
+  int floor_log2 = 0;
+  while ((int64_t(2) << floor_log2) <= top_k) ++floor_log2;
+  int levels = floor_log2 >= 1 ? floor_log2 - 1 : 0;
+  return {int64_t(1) << levels, levels};
+}
+
+Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
+                                   const TensorView& expanded_row_idx,
+                                   const MoeInitRoutingGradAttrs& attrs,
+                                   MoeInitRoutingGradPlan* plan) {
+  if (attrs.drop_pad_mode != 0 && attrs.drop_pad_mode != 1)
+    return invalid_argument(kOp, "drop_pad_mode must be 0 (dropless/active) or 1 (drop-pad), got ",
+                            attrs.drop_pad_mode);
+  if (attrs.top_k <= 0) return invalid_argument(kOp, "top_k must be > 0, got ", attrs.top_k);
+  if (attrs.active_num < 0)
+    return invalid_argument(kOp, "active_num must be >= 0, got ", attrs.active_num);
+  if (attrs.order != AccumulationOrder::tree && attrs.order != AccumulationOrder::sequential)
+    return invalid_argument(kOp, "order must be tree or sequential, got ",
+                            static_cast<int>(attrs.order));
+
+  const bool drop_pad = attrs.drop_pad_mode == 1;
+  if (!drop_pad && grad_expanded_x.ndim != 2)
+    return invalid_argument(kOp, "grad_expanded_x must be 2-D [rows, H] when drop_pad_mode=0, got ",
+                            describe(grad_expanded_x));
+  if (drop_pad && grad_expanded_x.ndim != 3)
+    return invalid_argument(kOp, "grad_expanded_x must be 3-D [E, C, H] when drop_pad_mode=1, got ",
+                            describe(grad_expanded_x));
+  if (!is_floating(grad_expanded_x.dtype))
+    return invalid_argument(kOp, "grad_expanded_x must be float16, bfloat16 or float32, got ",
+                            dtype_name(grad_expanded_x.dtype));
+  if (expanded_row_idx.ndim != 1 || expanded_row_idx.dtype != DType::int32)
+    return invalid_argument(kOp, "expanded_row_idx must be 1-D int32, got ",
+                            describe(expanded_row_idx));
+  MOE_ROUTING_RETURN_IF_ERROR(check_dims_non_negative("grad_expanded_x", grad_expanded_x));
+  MOE_ROUTING_RETURN_IF_ERROR(check_dims_non_negative("expanded_row_idx", expanded_row_idx));
+  if (grad_expanded_x.device != expanded_row_idx.device)
+    return invalid_argument(kOp, "expanded_row_idx must be on the device of grad_expanded_x (",
+                            device_name(grad_expanded_x.device), "), got ",
+                            device_name(expanded_row_idx.device));
+
+  const int64_t pairs = expanded_row_idx.shape[0];
+  if (pairs > std::numeric_limits<int32_t>::max())
+    return invalid_argument(kOp, "len(expanded_row_idx) must be at most 2147483647 (int32 indices), got ",
+                            pairs);
+  if (pairs % attrs.top_k != 0)
+    return invalid_argument(kOp, "len(expanded_row_idx) must be divisible by top_k (", attrs.top_k,
+                            "), got ", pairs);
+
+  MoeInitRoutingGradPlan result;
+  result.dtype = grad_expanded_x.dtype;
+  result.top_k = attrs.top_k;
+  result.num_rows = pairs / attrs.top_k;
+  result.order = attrs.order;
+  result.skip_from = std::numeric_limits<int64_t>::max();
+  if (drop_pad) {
+    const int64_t experts = grad_expanded_x.shape[0], capacity = grad_expanded_x.shape[1];
+    result.scenario = GradScenario::drop_pad;
+    result.hidden = grad_expanded_x.shape[2];
+    if (capacity != 0 && experts > std::numeric_limits<int64_t>::max() / capacity)
+      return invalid_argument(kOp, "grad_expanded_x has more than 2^63 rows, got ",
+                              shape_string(grad_expanded_x));
+    result.source_rows = experts * capacity;
+  } else {
+    result.hidden = grad_expanded_x.shape[1];
+    result.source_rows = grad_expanded_x.shape[0];
+    if (attrs.active_num == 0) {
+      result.scenario = GradScenario::dropless;
+      if (result.source_rows != pairs)
+        return invalid_argument(kOp,
+                                "grad_expanded_x.size(0) must equal len(expanded_row_idx) (", pairs,
+                                ") in the dropless scenario (active_num=0), got ",
+                                result.source_rows);
+    } else {
+      result.scenario = GradScenario::active;
+      result.skip_from = attrs.active_num;
+      // CANN requires exactly active_num rows. The forward keeps min(active_num, N*K) rows, so
+      // when active_num > N*K we also accept N*K rows (every index is then < N*K <= active_num).
+      const bool exact = result.source_rows == attrs.active_num;
+      const bool truncated = attrs.active_num > pairs && result.source_rows == pairs;
+      if (!exact && !truncated)
+        return invalid_argument(kOp, "grad_expanded_x.size(0) must equal active_num (",
+                                attrs.active_num, ") in the active scenario, got ",
+                                result.source_rows);
+    }
+  }
+  if (grad_expanded_x.numel() == std::numeric_limits<int64_t>::max())
+    return invalid_argument(kOp, "grad_expanded_x has too many elements, got ",
+                            shape_string(grad_expanded_x));
+  if (result.hidden > 0 && result.num_rows > std::numeric_limits<int64_t>::max() / result.hidden)
+    return invalid_argument(kOp, "grad_x would have more than 2^63 elements, got [",
+                            result.num_rows, ", ", result.hidden, "]");
+  result.grad_x_shape[0] = result.num_rows;
+  result.grad_x_shape[1] = result.hidden;
+  *plan = result;
+  return Status::ok();
+}
+
+Status check_moe_init_routing_grad_indices(const int32_t* expanded_row_idx,
+                                           const MoeInitRoutingGradPlan& plan) {
+  const int64_t pairs = plan.num_rows * plan.top_k;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t r = expanded_row_idx[p];
+    if (r == -1 || r >= plan.skip_from) continue;  // dropped pair: skipped
+    if (r < 0 || r >= plan.source_rows) {
+      if (r < 0)
+        return index_out_of_range(kOp, "expanded_row_idx[", p, "] = ", r, " is outside [0, ",
+                                  plan.source_rows,
+                                  ") (-1, which marks a dropped pair, is the only negative value "
+                                  "allowed)");
+      return index_out_of_range(kOp, "expanded_row_idx[", p, "] = ", r, " is outside [0, ",
+                                plan.source_rows, ")");
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace moe_routing

@@ -1,0 +1,112 @@
+// The spec's worked examples G1-G5 and the seed's example, bit for bit, in both orders, through
+// every backend (reference, each CPU ISA, several thread counts).
+#include <cmath>
+
+#include "test_util.h"
+
+namespace moe_routing {
+namespace {
+
+using testing::FloatBuffer;
+
+struct Example {
+  const char* name;
+  DType dtype;
+  std::vector<int64_t> grad_shape;
+  std::vector<float> grad_values;
+  std::vector<int32_t> expanded_row_idx;
+  MoeInitRoutingGradAttrs attrs;
+  std::vector<float> expected_tree;
+  std::vector<float> expected_sequential;
+};
+
+FloatBuffer run(const Example& ex, AccumulationOrder order, const testing::Runner& runner) {
+  FloatBuffer grad = FloatBuffer::from_floats(ex.dtype, ex.grad_values);
+  TensorView g(grad.data(), ex.dtype, int(ex.grad_shape.size()), ex.grad_shape.data());
+  std::vector<int32_t> idx = ex.expanded_row_idx;
+  TensorView r(idx.data(), DType::int32, {int64_t(idx.size())});
+  MoeInitRoutingGradAttrs attrs = ex.attrs;
+  attrs.order = order;
+  const int64_t n = int64_t(idx.size()) / attrs.top_k;
+  const int64_t h = ex.grad_shape.back();
+  FloatBuffer out(ex.dtype, n * h);
+  out.poison();
+  TensorView o(out.data(), ex.dtype, {n, h});
+  Status s = moe_init_routing_grad(g, r, attrs, o, runner.config());
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return out;
+}
+
+std::vector<Example> examples() {
+  const float tiny30 = std::ldexp(1.0f, -30), tiny24 = std::ldexp(1.0f, -24);
+  std::vector<Example> list;
+  // Seed: expanded_row_idx = 4 1 5 3 0 2, K = 2 -> grad_x[0] = g4+g1, [1] = g5+g3, [2] = g0+g2.
+  list.push_back({"seed", DType::float32, {6, 1}, {1, 10, 100, 1000, 10000, 100000},
+                  {4, 1, 5, 3, 0, 2}, {2, 0, 0}, {10010, 101000, 101}, {10010, 101000, 101}});
+  // G1: dropless, K=3, fp32.
+  list.push_back({"G1", DType::float32, {6, 2},
+                  {-1, 0.5f, 0.5f, 0.5f, tiny30, 0.25f, 0.125f, 2, 1, 3, 0.25f, -1},
+                  {4, 0, 2, 1, 5, 3}, {3, 0, 0},
+                  {0.0f, 3.75f, 0.875f, 1.5f}, {tiny30, 3.75f, 0.875f, 1.5f}});
+  // G2: active, bf16, skipped pairs and a tie in the final rounding.
+  list.push_back({"G2", DType::bfloat16, {3, 2}, {1.0f, 0.00390625f, -2.5f, 3.0f, 0.5f, 1.0f},
+                  {2, 0, 4, 3, 1, 5}, {2, 0, 3},
+                  {1.5f, 1.0f, 0, 0, -2.5f, 3.0f}, {1.5f, 1.0f, 0, 0, -2.5f, 3.0f}});
+  // G3: drop-pad, fp16.
+  list.push_back({"G3", DType::float16, {3, 2, 1}, {1, 2, 4, 8, 16, 32},
+                  {0, 2, 1, 4, -1, 3, -1, -1}, {2, 1, 0}, {5, 18, 8, 0}, {5, 18, 8, 0}});
+  // G4: fp16, K=3, the platforms disagree.
+  list.push_back({"G4", DType::float16, {3, 1}, {1.0f, -1.0f, tiny24}, {0, 1, 2}, {3, 0, 0},
+                  {0.0f}, {tiny24}});
+  // G5: K=5, fp32.
+  list.push_back({"G5", DType::float32, {5, 1}, {1, tiny24, -1, tiny24, tiny24}, {0, 1, 2, 3, 4},
+                  {5, 0, 0}, {tiny24}, {std::ldexp(1.0f, -23)}});
+  return list;
+}
+
+TEST(GradExamples, BitExactInBothOrdersOnEveryBackend) {
+  for (const Example& ex : examples()) {
+    for (const testing::Runner& runner : testing::all_runners()) {
+      SCOPED_TRACE(std::string(ex.name) + " on " + runner.name());
+      FloatBuffer tree = run(ex, AccumulationOrder::tree, runner);
+      FloatBuffer sequential = run(ex, AccumulationOrder::sequential, runner);
+      EXPECT_TRUE(testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, ex.expected_tree), tree));
+      EXPECT_TRUE(
+          testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, ex.expected_sequential), sequential));
+    }
+  }
+}
+
+TEST(GradExamples, G4IsASubnormalOnlyInSequentialOrder) {
+  // Guards the example itself: the two orders must really disagree.
+  Example g4 = examples()[4];
+  FloatBuffer seq = run(g4, AccumulationOrder::sequential, testing::all_runners()[0]);
+  EXPECT_EQ(seq.bits(0), 0x0001u);
+  FloatBuffer tree = run(g4, AccumulationOrder::tree, testing::all_runners()[0]);
+  EXPECT_EQ(tree.bits(0), 0x0000u);
+}
+
+TEST(GradExamples, TreeShapeMatchesTheSpecTable) {
+  const int64_t expected_bins[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 2}, {7, 2}, {8, 4}, {15, 4},
+                                      {16, 8}, {127, 32}, {128, 64}, {1000, 64}};
+  for (const auto& row : expected_bins) EXPECT_EQ(tree_shape(row[0]).bins, row[1]) << "K=" << row[0];
+  EXPECT_EQ(tree_shape(128).levels, 6);
+  EXPECT_EQ(tree_shape(16).levels, 3);
+}
+
+TEST(GradExamples, SignedZeroFollowsTheSeedRule) {
+  // K=2, both addends -0.0: tree keeps -0.0 (seed present); sequential gives +0.0.
+  Example ex{"negzero", DType::float32, {2, 1}, {-0.0f, -0.0f}, {0, 1}, {2, 0, 0}, {}, {}};
+  for (const testing::Runner& runner : testing::all_runners()) {
+    SCOPED_TRACE(runner.name());
+    EXPECT_EQ(run(ex, AccumulationOrder::tree, runner).bits(0), 0x80000000u);
+    EXPECT_EQ(run(ex, AccumulationOrder::sequential, runner).bits(0), 0x00000000u);
+  }
+  // K=3 with the seed (t=0) dropped in drop-pad mode: ((+0)+a2)+a1 = +0 for a1 = a2 = -0.
+  Example dropped{"seedskip", DType::float32, {1, 2, 1}, {-0.0f, -0.0f}, {-1, 0, 1}, {3, 1, 0}, {}, {}};
+  for (const testing::Runner& runner : testing::all_runners())
+    EXPECT_EQ(run(dropped, AccumulationOrder::tree, runner).bits(0), 0x00000000u) << runner.name();
+}
+
+}  // namespace
+}  // namespace moe_routing

@@ -1,0 +1,169 @@
+// Random cases against the reference, bit for bit: every dtype x scenario x K x order on every
+// ISA at several thread counts; special values; repeat runs; empty inputs.
+#include <cmath>
+#include <limits>
+
+#include "grad_cases.h"
+
+namespace moe_routing {
+namespace {
+
+using testing::FloatBuffer;
+using testing::GradCase;
+
+const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
+const GradScenario kScenarios[] = {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad};
+const AccumulationOrder kOrders[] = {AccumulationOrder::tree, AccumulationOrder::sequential};
+const int64_t kTopKs[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 127, 128, 130};
+
+TEST(GradRandom, EveryDtypeScenarioAndTopKMatchesTheReference) {
+  testing::Random rng(20261130);
+  const auto runners = testing::all_runners();
+  for (DType dtype : kDtypes)
+    for (GradScenario scenario : kScenarios)
+      for (int64_t k : kTopKs)
+        for (AccumulationOrder order : kOrders) {
+          const int64_t n = rng.integer(1, 9), h = 8 * rng.integer(1, 6) + rng.integer(1, 7);
+          GradCase c = testing::make_grad_case(rng, scenario, dtype, n, k, h);
+          c.attrs.order = order;
+          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ' ' << grad_scenario_name(scenario)
+                                            << " K=" << k << ' ' << accumulation_order_name(order)
+                                            << " N=" << n << " H=" << h);
+          FloatBuffer expected = testing::run_grad_case(c, runners[0]);
+          for (size_t r = 1; r < runners.size(); ++r)
+            EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, runners[r])))
+                << runners[r].name();
+        }
+}
+
+TEST(GradRandom, WideRowsCrossColumnTiles) {
+  // H larger than a tile (1024 columns for small K, 64 for K >= 128), with a ragged tail.
+  testing::Random rng(7);
+  const auto runners = testing::all_runners();
+  for (int64_t k : {1, 3, 8, 130})
+    for (DType dtype : kDtypes)
+      for (AccumulationOrder order : kOrders) {
+        GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 3, k, 2053);
+        c.attrs.order = order;
+        FloatBuffer expected = testing::run_grad_case(c, runners[0]);
+        for (size_t r = 1; r < runners.size(); ++r)
+          EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, runners[r])))
+              << runners[r].name() << " K=" << k << ' ' << dtype_name(dtype);
+      }
+}
+
+TEST(GradRandom, SpecialValuesPropagateIdentically) {
+  // Signed zeros, NaN, +-Inf, subnormals and values that overflow fp16 when summed.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.0f, -0.0f, inf, -inf, std::nanf(""), -std::nanf(""),
+                            std::numeric_limits<float>::denorm_min(), -std::ldexp(1.0f, -130),
+                            std::ldexp(1.0f, -24), 65504.0f, 60000.0f, -65504.0f, 3.4e38f, -3.4e38f};
+  testing::Random rng(99);
+  const auto runners = testing::all_runners();
+  for (DType dtype : kDtypes)
+    for (AccumulationOrder order : kOrders)
+      for (int64_t k : {2, 3, 5, 8}) {
+        GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 16, k, 19, 0.2);
+        c.attrs.order = order;
+        for (int64_t e = 0; e < c.grad.count(); ++e)
+          store_from_float(c.grad.data(), dtype, e, specials[rng.integer(0, 13)]);
+        FloatBuffer expected = testing::run_grad_case(c, runners[0]);
+        for (size_t r = 1; r < runners.size(); ++r)
+          EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, runners[r])))
+              << runners[r].name() << ' ' << dtype_name(dtype) << " K=" << k;
+      }
+}
+
+TEST(GradRandom, NanInputGivesNanOutput) {
+  std::vector<float> grad{std::nanf(""), 1.0f};
+  std::vector<int32_t> idx{0, 1};
+  for (const testing::Runner& runner : testing::all_runners()) {
+    std::vector<float> out{0.0f};
+    Status s = moe_init_routing_grad(TensorView(grad.data(), DType::float32, {2, 1}),
+                                     TensorView(idx.data(), DType::int32, {2}), {2, 0, 0},
+                                     TensorView(out.data(), DType::float32, {1, 1}), runner.config());
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(float_bits(out[0]), kCanonicalNanFloat32) << runner.name();
+  }
+}
+
+TEST(GradRandom, RepeatedRunsAndThreadCountsGiveTheSameBits) {
+  testing::Random rng(3);
+  GradCase c = testing::make_grad_case(rng, GradScenario::dropless, DType::bfloat16, 257, 8, 300);
+  const testing::Runner one{Backend::cpu, best_cpu_isa(), 1};
+  FloatBuffer first = testing::run_grad_case(c, one);
+  for (int threads : {1, 2, 4, 7, 16})
+    for (int repeat = 0; repeat < 3; ++repeat)
+      EXPECT_TRUE(testing::bitwise_equal(first, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+          << threads << " threads, run " << repeat;
+  // The library-wide default thread count is honoured too.
+  set_num_threads(2);
+  EXPECT_EQ(get_num_threads(), 2);
+  EXPECT_TRUE(testing::bitwise_equal(first, testing::run_grad_case(c, {Backend::automatic, CpuIsa::automatic, 0})));
+  set_num_threads(0);
+  EXPECT_GE(get_num_threads(), 1);
+}
+
+TEST(GradRandom, AllSkippedRowsArePositiveZero) {
+  std::vector<float> grad(4 * 3, -1.0f);
+  std::vector<int32_t> idx{-1, -1, -1, 0, -1, -1};  // row 0 all dropped, row 1 one addend
+  for (AccumulationOrder order : kOrders)
+    for (const testing::Runner& runner : testing::all_runners()) {
+      std::vector<float> out(2 * 3, 7.0f);
+      MoeInitRoutingGradAttrs attrs{3, 1, 0, order};
+      Status s = moe_init_routing_grad(TensorView(grad.data(), DType::float32, {2, 2, 3}),
+                                       TensorView(idx.data(), DType::int32, {6}), attrs,
+                                       TensorView(out.data(), DType::float32, {2, 3}), runner.config());
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      for (int j = 0; j < 3; ++j) {
+        EXPECT_EQ(float_bits(out[j]), 0u) << runner.name();
+        EXPECT_EQ(out[3 + j], -1.0f) << runner.name();
+      }
+    }
+}
+
+TEST(GradRandom, EmptyInputsGiveCorrectlyShapedResults) {
+  std::vector<float> out(4, 7.0f);
+  std::vector<int32_t> idx{-1, -1, -1, -1};
+  float dummy = 0.0f;
+  // N = 0: grad_x is [0, H].
+  Status s = moe_init_routing_grad(TensorView(&dummy, DType::float32, {0, 5}),
+                                   TensorView(idx.data(), DType::int32, {0}), {2, 0, 0},
+                                   TensorView(out.data(), DType::float32, {0, 5}));
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  // H = 0: grad_x is [N, 0].
+  std::vector<int32_t> perm{1, 0, 3, 2};
+  s = moe_init_routing_grad(TensorView(&dummy, DType::float32, {4, 0}),
+                            TensorView(perm.data(), DType::int32, {4}), {2, 0, 0},
+                            TensorView(out.data(), DType::float32, {2, 0}));
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  // E*C = 0 in drop-pad: every pair dropped, grad_x all +0.
+  s = moe_init_routing_grad(TensorView(&dummy, DType::float32, {0, 3, 2}),
+                            TensorView(idx.data(), DType::int32, {4}), {2, 1, 0},
+                            TensorView(out.data(), DType::float32, {2, 2}));
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  for (float v : out) EXPECT_EQ(float_bits(v), 0u);
+  MoeInitRoutingGradPlan plan;
+  ASSERT_TRUE(infer_moe_init_routing_grad(TensorView(&dummy, DType::float16, {0, 3, 2}),
+                                          TensorView(idx.data(), DType::int32, {4}), {2, 1, 0}, &plan)
+                  .is_ok());
+  EXPECT_EQ(plan.grad_x_shape[0], 2);
+  EXPECT_EQ(plan.grad_x_shape[1], 2);
+  EXPECT_EQ(plan.source_rows, 0);
+}
+
+TEST(GradRandom, ActiveNumAboveNKAcceptsTheForwardsRowCount) {
+  // The V2 forward keeps min(active_num, N*K) rows; the backward accepts that count too.
+  std::vector<float> grad{1, 2, 3, 4};
+  std::vector<int32_t> idx{3, 0, 1, 2};
+  std::vector<float> out(2);
+  Status s = moe_init_routing_grad(TensorView(grad.data(), DType::float32, {4, 1}),
+                                   TensorView(idx.data(), DType::int32, {4}), {2, 0, 10},
+                                   TensorView(out.data(), DType::float32, {2, 1}));
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_EQ(out[0], 5.0f);
+  EXPECT_EQ(out[1], 5.0f);
+}
+
+}  // namespace
+}  // namespace moe_routing
