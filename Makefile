@@ -1,0 +1,58 @@
+# The two commands a new user needs (README.md): `make demo` and `make test`. Both install what
+# they need first (Debian packages with apt-get, Python packages into .venv), so they work from a
+# fresh clone.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+BUILD_DIR ?= build
+ASAN_BUILD_DIR ?= build-asan
+JOBS ?= $(shell nproc)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv
+
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build build-asan test test-cpp test-asan demo clean help
+
+all: build
+
+help:
+	@echo "make demo   install, build and run the main job (moe-routing demo)"
+	@echo "make test   install, build and run every test suite (also under ASan+UBSan)"
+	@echo "make build  configure and build into $(BUILD_DIR)/"
+	@echo "make clean  remove build trees"
+
+# System packages: installed only when missing.
+deps:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "== installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq; \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+build-asan: deps
+	cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMOE_ROUTING_SANITIZE=ON $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+
+test-cpp: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+test-asan: build-asan
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(ASAN_BUILD_DIR) --output-on-failure -j $(JOBS)
+
+test: test-cpp test-asan
+	@echo "== make test: every suite passed"
+
+demo: build
+	$(BUILD_DIR)/moe-routing demo
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR)
