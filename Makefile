@@ -11,8 +11,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv
 
 CMAKE_FLAGS ?=
+VENV ?= .venv
+PYTHON ?= python3
+VENV_PY := $(VENV)/bin/python
+# torch is pinned to the CPU build this machine kind has on disk.
+PY_PACKAGES := torch==2.13.0 numpy pytest scikit-build-core ninja matplotlib
 
-.PHONY: all deps build build-asan test test-cpp test-asan demo clean help
+.PHONY: all deps build build-asan test test-cpp test-asan test-python venv python demo clean help
 
 all: build
 
@@ -48,11 +53,27 @@ test-asan: build-asan
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(ASAN_BUILD_DIR) --output-on-failure -j $(JOBS)
 
-test: test-cpp test-asan
+# Python: a local virtual environment, the package installed into it (scikit-build-core drives
+# CMake; its build tree build/python/ is reused between runs).
+$(VENV)/.installed: | deps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PY) -m pip install -q --upgrade pip
+	$(VENV_PY) -m pip install -q $(PY_PACKAGES)
+	touch $@
+
+venv: $(VENV)/.installed
+
+python: venv
+	$(VENV_PY) -m pip install -q --no-build-isolation --no-deps .
+
+test-python: python
+	cd tests/python && ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
+
+test: test-cpp test-asan test-python
 	@echo "== make test: every suite passed"
 
 demo: build
 	$(BUILD_DIR)/moe-routing demo
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) build/python

@@ -1,0 +1,23 @@
+"""Loads the compiled operator library next to this file (registers torch.ops.moe_routing.*)."""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load() -> str:
+    candidates = sorted(glob.glob(os.path.join(_HERE, "_moe_routing_ops*.so")))
+    if not candidates:
+        raise ImportError(
+            "moe_routing: the compiled operator library _moe_routing_ops.so is missing next to "
+            f"{_HERE}; install the package with `pip install --no-build-isolation .` (see README)"
+        )
+    torch.ops.load_library(candidates[0])
+    return candidates[0]
+
+
+LIBRARY_PATH = _load()
