@@ -1,0 +1,111 @@
+// `moe-routing golden grad`: moe_init_routing_grad on .npy files, for golden data and scripts.
+#include <iostream>
+
+#include "commands.h"
+#include "moe_routing/moe_routing.hpp"
+#include "npy.h"
+
+namespace moe_routing::cli {
+namespace {
+
+class GoldenGradCommand : public Command {
+ public:
+  CommandInfo info() const override {
+    return {"golden grad", "compute moe_init_routing_grad (grad_x) from .npy files",
+            R"(Reads grad_expanded_x and expanded_row_idx, computes
+grad_x[i, :] = sum over t < top_k of grad_expanded_x[expanded_row_idx[i*top_k + t], :]
+in float32 in the chosen order (tree = Atlas A2/A3 kernel, sequential = Ascend 950 kernel),
+rounds once to the input's dtype and writes grad_x [N, H] with N = len(expanded_row_idx) / top_k.
+
+Scenarios as in CANN's aclnnMoeInitRoutingV2Grad: dropless (drop_pad_mode 0, active_num 0,
+grad_expanded_x [N*top_k, H]); active (drop_pad_mode 0, active_num > 0, grad_expanded_x
+[active_num, H], indices >= active_num are skipped); drop-pad (drop_pad_mode 1, grad_expanded_x
+[E, C, H], index e*C + c addresses expert e slot c). Index -1 marks a dropped pair and is skipped in
+every scenario; any other index outside the rows of grad_expanded_x is an error.
+
+grad_expanded_x is float32 ('<f4'), float16 ('<f2') or bfloat16 bit patterns stored as uint16
+('<u2'); grad_x is written in the same convention. expanded_row_idx is int32 ('<i4'). The output
+is written atomically: on any error nothing is written.)",
+            "moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 2 "
+            "--out grad_x.npy\n"
+            "moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 8 "
+            "--drop-pad-mode 1 --order sequential --out grad_x.npy"};
+  }
+
+  void declare(ArgParser& p) override {
+    p.add_string("--grad-expanded-x", "FILE",
+                 "grad_expanded_x .npy: [N*top_k, H] dropless, [active_num, H] active, [E, C, H] "
+                 "drop-pad",
+                 &grad_path_)
+        .required();
+    p.add_string("--expanded-row-idx", "FILE",
+                 "expanded_row_idx .npy, int32 [N*top_k], as the forward returned it", &index_path_)
+        .required();
+    p.add_int("--top-k", "K", "top_k: experts per token in the forward (> 0)", &top_k_).required();
+    p.add_int("--drop-pad-mode", "0|1",
+              "drop_pad_mode of the forward: 0 dropless/active, 1 drop-pad", &drop_pad_mode_);
+    p.add_int("--active-num", "A",
+              "active_num of the forward (drop_pad_mode 0): 0 = dropless, > 0 = active scenario",
+              &active_num_);
+    p.add_choice("--order",
+                 "float32 accumulation order: tree (Atlas A2/A3 kernel) or sequential (Ascend 950 "
+                 "kernel)",
+                 {"tree", "sequential"}, &order_);
+    p.add_choice(
+        "--backend",
+        "implementation: automatic (CPU kernels), reference (plain loops) or cpu; all give "
+        "the same bits",
+        {"automatic", "reference", "cpu"}, &backend_);
+    p.add_int("--threads", "T",
+              "CPU threads; 0 = library default (MOE_ROUTING_NUM_THREADS or every core)", &threads_,
+              0, 4096);
+    p.add_string("--out", "FILE", "where to write grad_x .npy [N, H] (replaced atomically)",
+                 &out_path_)
+        .required();
+  }
+
+  int run(const ArgParser&) override {
+    npy::Array grad, index;
+    Status s = npy::read(grad_path_, &grad);
+    if (!s.is_ok()) return report_error(s);
+    s = npy::read(index_path_, &index);
+    if (!s.is_ok()) return report_error(s);
+
+    MoeInitRoutingGradAttrs attrs;
+    attrs.top_k = top_k_;
+    attrs.drop_pad_mode = drop_pad_mode_;
+    attrs.active_num = active_num_;
+    parse_accumulation_order(order_.c_str(), &attrs.order);  // the parser admitted only valid names
+    ExecConfig config;
+    config.backend = backend_ == "reference" ? Backend::reference
+                     : backend_ == "cpu"     ? Backend::cpu
+                                             : Backend::automatic;
+    config.num_threads = int(threads_);
+
+    MoeInitRoutingGradPlan plan;
+    s = infer_moe_init_routing_grad(grad.view(), index.view(), attrs, &plan);
+    if (!s.is_ok()) return report_error(s);
+    npy::Array grad_x(plan.dtype, {plan.grad_x_shape[0], plan.grad_x_shape[1]});
+    s = moe_init_routing_grad(grad.view(), index.view(), attrs, grad_x.view(), config);
+    if (!s.is_ok()) return report_error(s);
+    s = npy::write(out_path_, grad_x);
+    if (!s.is_ok()) return report_error(s);
+    std::cout << "wrote " << out_path_ << ": grad_x " << dtype_name(plan.dtype) << " ["
+              << plan.grad_x_shape[0] << ", " << plan.grad_x_shape[1] << "] ("
+              << grad_scenario_name(plan.scenario) << ", order " << order_ << ")\n";
+    return kExitOk;
+  }
+
+ private:
+  std::string grad_path_, index_path_, out_path_;
+  int64_t top_k_ = 0, drop_pad_mode_ = 0, active_num_ = 0, threads_ = 0;
+  std::string order_ = "tree", backend_ = "automatic";
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_golden_grad_command() {
+  return std::make_unique<GoldenGradCommand>();
+}
+
+}  // namespace moe_routing::cli
