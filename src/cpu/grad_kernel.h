@@ -13,19 +13,43 @@ struct GradKernelArgs {
   const int32_t* expanded_row_idx;  // [N*K] int32, already checked
   void* grad_x;                     // [N, H], plan.dtype
   MoeInitRoutingGradPlan plan;
-  int64_t tile_width;  // columns per unit (the last tile of a row may be narrower)
+  int64_t tile_width;  // columns per unit (the last one of a row may be narrower)
   int64_t tiles_per_row;
+  bool stream_output;  // write grad_x with non-temporal stores (large outputs)
 };
 
-/// Largest tile: bins (B floats per column) stay within 16 KiB of L1 per thread.
-constexpr int64_t kGradBinFloats = 4096;
+/// Outputs at least this large are written with non-temporal stores.
+constexpr int64_t kGradStreamOutputBytes = int64_t(8) << 20;
 
-inline int64_t grad_tile_width(const MoeInitRoutingGradPlan& plan) {
-  const int64_t bins =
-      plan.order == AccumulationOrder::tree ? tree_shape(plan.top_k).bins : int64_t(1);
-  int64_t width = kGradBinFloats / bins;
-  if (width > 1024) width = 1024;
-  return width;  // a multiple of every vector width (>= 64)
+/// Bins buffer of the L1 path: 16 KiB per thread.
+constexpr int64_t kGradBinFloats = 4096;
+/// Most addends the registers path takes per output row.
+constexpr int64_t kGradRegisterMaxTopK = 32;
+
+/// The registers path's bin count (1 for sequential), or 0 when the L1 bins path runs.
+inline int grad_register_bins(const MoeInitRoutingGradPlan& plan) {
+  if (plan.top_k > kGradRegisterMaxTopK) return 0;
+  if (plan.order == AccumulationOrder::sequential) return 1;
+  const int64_t bins = tree_shape(plan.top_k).bins;
+  return bins <= 8 ? int(bins) : 0;
+}
+
+/// Columns per unit of work. The L1 path needs tiles whose bins fit kGradBinFloats; the
+/// registers path takes whole rows, split only when there are too few rows to feed every thread.
+inline int64_t grad_unit_width(const MoeInitRoutingGradPlan& plan, int threads) {
+  if (grad_register_bins(plan) == 0) {
+    const int64_t bins =
+        plan.order == AccumulationOrder::tree ? tree_shape(plan.top_k).bins : int64_t(1);
+    const int64_t width = kGradBinFloats / bins;
+    return width > 1024 ? 1024 : width;  // >= 64, a multiple of every vector width
+  }
+  const int64_t H = plan.hidden > 0 ? plan.hidden : 1;
+  const int64_t wanted_units = 4 * int64_t(threads);
+  if (plan.num_rows >= wanted_units) return H;
+  const int64_t pieces = (wanted_units + plan.num_rows - 1) / plan.num_rows;
+  int64_t width = (H + pieces - 1) / pieces;
+  width = (width + 63) / 64 * 64;
+  return width < 256 ? 256 : width;
 }
 
 /// Computes units [unit_begin, unit_end), unit u = (row u / tiles_per_row, tile u % tiles_per_row).

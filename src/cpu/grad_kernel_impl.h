@@ -1,7 +1,13 @@
-// The grad kernel, written once over a small vector-operations interface (Ops) and instantiated
-// per instruction set. Each output element's addends are summed in float32 in exactly the order
-// of the reference (spec §1.6 / §1.7); vectors run across columns only, so no addition is ever
-// reassociated, and the scalar tails use the same float32 adds.
+// The grad kernel, written once over a small register-level vector interface (Ops) and
+// instantiated per instruction set. Each output element's addends are summed in float32 in exactly
+// the order of the reference (spec §1.6 / §1.7); vectors run across columns only, so no addition
+// is ever reassociated, and scalar tails use the same float32 adds.
+//
+// Two paths:
+//  * registers (K <= 32 sequential, or the tree order with at most 8 bins, i.e. K < 32): for each
+//    vector of columns the K addends are loaded straight from their rows and summed in registers;
+//    nothing but the output is written. This is the common MoE case and runs at memory speed.
+//  * bins in L1 (larger K): a tile of columns per bin in a 16 KiB stack buffer.
 #pragma once
 
 #include <cstdint>
@@ -29,64 +35,166 @@ struct Bf16Tag {
   static void narrow(uint16_t* p, float v) { *p = float_to_bf16(v); }
 };
 
-/// Fallback vector interface: one float per "vector".
+/// Fallback vector interface: one float per "vector". Every Ops has the same members.
 struct ScalarOps {
+  using V = float;
   static constexpr int W = 1;
+  static V zero() { return 0.0f; }
+  static V add(V a, V b) { return a + b; }
+  static V load_float(const float* p) { return *p; }
+  static void store_float(float* p, V v) { *p = v; }
   template <class Tag>
-  static void assign_widen(float* dst, const typename Tag::storage* src) { *dst = Tag::widen(src); }
-  template <class Tag>
-  static void add_widen(float* dst, const typename Tag::storage* src) {
-    *dst = *dst + Tag::widen(src);
-  }
-  static void add(float* dst, const float* src) { *dst = *dst + *src; }
-  static void zero(float* dst) { *dst = 0.0f; }
-  template <class Tag>
-  static void narrow(typename Tag::storage* dst, const float* src) { Tag::narrow(dst, *src); }
+  static V load(const typename Tag::storage* p) { return Tag::widen(p); }
+  /// Narrows once (RNE) and stores; NaN becomes the canonical NaN.
+  template <class Tag, bool Stream = false>
+  static void store(typename Tag::storage* p, V v) { Tag::narrow(p, v); }
+  static void stream_fence() {}
 };
 
-// Column loops: the vector body, then the scalar tail (identical float32 semantics).
+// ---- registers path -------------------------------------------------------------------------
+
+/// The addends of one output row: K source pointers (already offset to the row's first column).
+template <class S>
+struct RowAddends {
+  const S* source[32];
+  bool present[32];
+};
+
+/// Tree order with B (<= 8) bins for the `O::W` columns at offset j.
+template <class O, class Tag, int B, bool Stream>
+inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
+                         typename Tag::storage* out) {
+  typename O::V bin[B];
+#pragma GCC unroll 8
+  for (int b = 0; b < B; ++b)  // step 1: seed with addend 2b, +0.0 if skipped
+    bin[b] = row.present[2 * b] ? O::template load<Tag>(row.source[2 * b] + j) : O::zero();
+  for (int64_t m0 = B; 2 * m0 < K; m0 += B) {  // step 2: even addends 2m, m >= B, into bin m % B
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) {
+      const int64_t t = 2 * (m0 + b);
+      if (t < K && row.present[t]) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
+    }
+  }
+  for (int64_t m0 = 0; 2 * m0 + 1 < K; m0 += B) {  // step 3: odd addends 2m+1 into bin m % B
+#pragma GCC unroll 8
+    for (int b = 0; b < B; ++b) {
+      const int64_t t = 2 * (m0 + b) + 1;
+      if (t < K && row.present[t]) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
+    }
+  }
+#pragma GCC unroll 4
+  for (int s = 1; s < B; s *= 2)  // step 4: pairwise tree
+#pragma GCC unroll 4
+    for (int q = s; q < B; q += 2 * s) bin[q - s] = O::add(bin[q - s], bin[q]);
+  O::template store<Tag, Stream>(out + j, bin[0]);
+}
+
+/// Sequential order for the `O::W` columns at offset j: acc = +0.0; acc += each present addend.
+template <class O, class Tag, bool Stream>
+inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
+                               typename Tag::storage* out) {
+  typename O::V acc = O::zero();
+  for (int64_t t = 0; t < K; ++t)
+    if (row.present[t]) acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
+  O::template store<Tag, Stream>(out + j, acc);
+}
+
+template <class O, class Tag, int B, bool Stream = false>
+inline void columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
+                    typename Tag::storage* out, bool sequential) {
+  if (sequential)
+    sequential_columns<O, Tag, Stream>(row, K, j, out);
+  else
+    tree_columns<O, Tag, B, Stream>(row, K, j, out);
+}
+
+/// Fills `row` with the addends of output row i (sources offset to column 0).
+template <class S>
+inline void gather_row_addends(const GradKernelArgs& args, const S* source, int64_t i,
+                               RowAddends<S>* row) {
+  const int64_t K = args.plan.top_k, H = args.plan.hidden, skip_from = args.plan.skip_from;
+  const int32_t* rows = args.expanded_row_idx + i * K;
+  for (int64_t t = 0; t < K; ++t) {
+    const int64_t r = rows[t];
+    row->present[t] = !(r == -1 || r >= skip_from);
+    row->source[t] = row->present[t] ? source + r * H : nullptr;  // never read when absent
+  }
+}
+
+template <class Ops, class Tag, int B>
+void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
+  using S = typename Tag::storage;
+  const MoeInitRoutingGradPlan& plan = args.plan;
+  const int64_t K = plan.top_k, H = plan.hidden;
+  const bool sequential = plan.order == AccumulationOrder::sequential;
+  const S* source = static_cast<const S*>(args.grad_expanded_x);
+  S* output = static_cast<S*>(args.grad_x);
+  constexpr int64_t kStep = 64 / int64_t(sizeof(S));  // columns per cache line
+  RowAddends<S> row;
+  for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
+    const int64_t i = unit / args.tiles_per_row;
+    const int64_t c0 = (unit % args.tiles_per_row) * args.tile_width;
+    const int64_t c1 = (H - c0) < args.tile_width ? H : c0 + args.tile_width;
+    gather_row_addends(args, source, i, &row);
+    S* out = output + i * H;
+    int64_t j = c0;
+    // Large outputs bypass the caches (non-temporal stores): no read-for-ownership of lines that
+    // are overwritten whole. Needs the vector stores aligned.
+    const bool stream = args.stream_output && (reinterpret_cast<uintptr_t>(out + c0) % 32) == 0;
+    if (stream) {
+      for (; j + kStep <= c1; j += kStep)
+        for (int64_t v = 0; v < kStep; v += Ops::W)
+          columns<Ops, Tag, B, true>(row, K, j + v, out, sequential);
+    } else {
+      for (; j + kStep <= c1; j += kStep)  // a cache line of columns per step
+        for (int64_t v = 0; v < kStep; v += Ops::W) columns<Ops, Tag, B>(row, K, j + v, out, sequential);
+    }
+    for (; j + Ops::W <= c1; j += Ops::W) columns<Ops, Tag, B>(row, K, j, out, sequential);
+    for (; j < c1; ++j) columns<ScalarOps, Tag, B>(row, K, j, out, sequential);
+  }
+  Ops::stream_fence();  // order the non-temporal stores before the pool reports completion
+}
+
+// ---- bins-in-L1 path ------------------------------------------------------------------------
+
 template <class Ops, class Tag>
-inline void row_assign_widen(float* dst, const typename Tag::storage* src, int64_t n) {
+inline void row_assign(float* dst, const typename Tag::storage* src, int64_t n) {
   int64_t j = 0;
-  for (; j + Ops::W <= n; j += Ops::W) Ops::template assign_widen<Tag>(dst + j, src + j);
-  for (; j < n; ++j) ScalarOps::assign_widen<Tag>(dst + j, src + j);
+  for (; j + Ops::W <= n; j += Ops::W) Ops::store_float(dst + j, Ops::template load<Tag>(src + j));
+  for (; j < n; ++j) ScalarOps::store_float(dst + j, ScalarOps::load<Tag>(src + j));
 }
 template <class Ops, class Tag>
-inline void row_add_widen(float* dst, const typename Tag::storage* src, int64_t n) {
+inline void row_accumulate(float* dst, const typename Tag::storage* src, int64_t n) {
   int64_t j = 0;
-  for (; j + Ops::W <= n; j += Ops::W) Ops::template add_widen<Tag>(dst + j, src + j);
-  for (; j < n; ++j) ScalarOps::add_widen<Tag>(dst + j, src + j);
-}
-template <class Ops>
-inline void row_add(float* dst, const float* src, int64_t n) {
-  int64_t j = 0;
-  for (; j + Ops::W <= n; j += Ops::W) Ops::add(dst + j, src + j);
-  for (; j < n; ++j) ScalarOps::add(dst + j, src + j);
+  for (; j + Ops::W <= n; j += Ops::W)
+    Ops::store_float(dst + j, Ops::add(Ops::load_float(dst + j), Ops::template load<Tag>(src + j)));
+  for (; j < n; ++j)
+    ScalarOps::store_float(dst + j, ScalarOps::add(dst[j], ScalarOps::load<Tag>(src + j)));
 }
 template <class Ops>
 inline void row_zero(float* dst, int64_t n) {
   int64_t j = 0;
-  for (; j + Ops::W <= n; j += Ops::W) Ops::zero(dst + j);
-  for (; j < n; ++j) ScalarOps::zero(dst + j);
+  for (; j + Ops::W <= n; j += Ops::W) Ops::store_float(dst + j, Ops::zero());
+  for (; j < n; ++j) dst[j] = 0.0f;
 }
 template <class Ops, class Tag>
 inline void row_narrow(typename Tag::storage* dst, const float* src, int64_t n) {
   int64_t j = 0;
-  for (; j + Ops::W <= n; j += Ops::W) Ops::template narrow<Tag>(dst + j, src + j);
-  for (; j < n; ++j) ScalarOps::narrow<Tag>(dst + j, src + j);
+  for (; j + Ops::W <= n; j += Ops::W) Ops::template store<Tag>(dst + j, Ops::load_float(src + j));
+  for (; j < n; ++j) ScalarOps::store<Tag>(dst + j, src[j]);
 }
 
 template <class Ops, class Tag>
-void grad_units(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
+void grad_units_bins(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
   using S = typename Tag::storage;
-  DefaultFloatEnvironment float_environment;
   alignas(64) float bins[kGradBinFloats];
   const MoeInitRoutingGradPlan& plan = args.plan;
   const int64_t K = plan.top_k, H = plan.hidden, skip_from = plan.skip_from;
   const S* source = static_cast<const S*>(args.grad_expanded_x);
   S* output = static_cast<S*>(args.grad_x);
-  const TreeShape tree = tree_shape(K);
-  const int64_t B = tree.bins;
+  const bool sequential = plan.order == AccumulationOrder::sequential;
+  const int64_t B = sequential ? 1 : tree_shape(K).bins;
+  const int64_t stride = args.tile_width;  // bin b occupies bins[b*stride, b*stride + width)
 
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t i = unit / args.tiles_per_row;
@@ -98,29 +206,46 @@ void grad_units(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end
       return !(r == -1 || r >= skip_from);
     };
     auto addend = [&](int64_t t) { return source + int64_t(rows[t]) * H + c0; };
-    const int64_t stride = args.tile_width;  // bin b occupies bins[b*stride, b*stride + width)
-
-    if (plan.order == AccumulationOrder::sequential) {
+    if (sequential) {  // acc = +0.0, then each present addend in order
       row_zero<Ops>(bins, width);
       for (int64_t t = 0; t < K; ++t)
-        if (present(t)) row_add_widen<Ops, Tag>(bins, addend(t), width);
-    } else {
-      for (int64_t b = 0; b < B; ++b) {
-        if (present(2 * b))
-          row_assign_widen<Ops, Tag>(bins + b * stride, addend(2 * b), width);
-        else
-          row_zero<Ops>(bins + b * stride, width);
-      }
-      for (int64_t m = B; 2 * m < K; ++m)
-        if (present(2 * m)) row_add_widen<Ops, Tag>(bins + (m % B) * stride, addend(2 * m), width);
-      for (int64_t m = 0; 2 * m + 1 < K; ++m)
-        if (present(2 * m + 1))
-          row_add_widen<Ops, Tag>(bins + (m % B) * stride, addend(2 * m + 1), width);
-      for (int64_t s = 1; s < B; s *= 2)
-        for (int64_t q = s; q < B; q += 2 * s)
-          row_add<Ops>(bins + (q - s) * stride, bins + q * stride, width);
+        if (present(t)) row_accumulate<Ops, Tag>(bins, addend(t), width);
+      row_narrow<Ops, Tag>(output + i * H + c0, bins, width);
+      continue;
     }
+    for (int64_t b = 0; b < B; ++b) {
+      if (present(2 * b))
+        row_assign<Ops, Tag>(bins + b * stride, addend(2 * b), width);
+      else
+        row_zero<Ops>(bins + b * stride, width);
+    }
+    for (int64_t m = B; 2 * m < K; ++m)
+      if (present(2 * m)) row_accumulate<Ops, Tag>(bins + (m % B) * stride, addend(2 * m), width);
+    for (int64_t m = 0; 2 * m + 1 < K; ++m)
+      if (present(2 * m + 1))
+        row_accumulate<Ops, Tag>(bins + (m % B) * stride, addend(2 * m + 1), width);
+    for (int64_t s = 1; s < B; s *= 2)
+      for (int64_t q = s; q < B; q += 2 * s) {
+        float* dst = bins + (q - s) * stride;
+        const float* src = bins + q * stride;
+        int64_t j = 0;
+        for (; j + Ops::W <= width; j += Ops::W)
+          Ops::store_float(dst + j, Ops::add(Ops::load_float(dst + j), Ops::load_float(src + j)));
+        for (; j < width; ++j) dst[j] = dst[j] + src[j];
+      }
     row_narrow<Ops, Tag>(output + i * H + c0, bins, width);
+  }
+}
+
+template <class Ops, class Tag>
+void grad_units(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
+  DefaultFloatEnvironment float_environment;
+  switch (grad_register_bins(args.plan)) {
+    case 1: return grad_units_registers<Ops, Tag, 1>(args, unit_begin, unit_end);
+    case 2: return grad_units_registers<Ops, Tag, 2>(args, unit_begin, unit_end);
+    case 4: return grad_units_registers<Ops, Tag, 4>(args, unit_begin, unit_end);
+    case 8: return grad_units_registers<Ops, Tag, 8>(args, unit_begin, unit_end);
+    default: return grad_units_bins<Ops, Tag>(args, unit_begin, unit_end);
   }
 }
 

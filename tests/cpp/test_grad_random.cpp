@@ -167,3 +167,24 @@ TEST(GradRandom, ActiveNumAboveNKAcceptsTheForwardsRowCount) {
 
 }  // namespace
 }  // namespace moe_routing
+
+namespace moe_routing {
+namespace {
+
+TEST(GradRandom, LargeOutputsTakeTheStreamingStorePathBitExactly) {
+  // grad_x of >= 8 MiB is written with non-temporal stores on the AVX2 path; an odd H also makes
+  // every other row unaligned, so both store paths run in one call.
+  testing::Random rng(41);
+  for (DType dtype : {DType::bfloat16, DType::float32}) {
+    const int64_t h = dtype == DType::float32 ? 1029 : 2053;
+    testing::GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 2048, 2, h);
+    ASSERT_GE(int64_t(c.num_rows * h * dtype_size(dtype)), int64_t(8) << 20);
+    testing::FloatBuffer expected = testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
+    for (int threads : {1, 2})
+      EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+          << dtype_name(dtype) << ' ' << threads << " threads";
+  }
+}
+
+}  // namespace
+}  // namespace moe_routing

@@ -56,16 +56,17 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
     reference::moe_init_routing_grad(grad_expanded_x.data, indices, grad_x.data, plan);
     return Status::ok();
   }
-  cpu::GradKernelArgs args{grad_expanded_x.data, indices, grad_x.data, plan, 0, 0};
-  args.tile_width = cpu::grad_tile_width(plan);
+  cpu::GradKernelArgs args{grad_expanded_x.data, indices, grad_x.data, plan, 0, 0, false};
+  args.stream_output = int64_t(grad_x.nbytes()) >= cpu::kGradStreamOutputBytes;
+  const int threads = detail::resolve_num_threads(config.num_threads);
+  args.tile_width = cpu::grad_unit_width(plan, threads);
   args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
   const CpuIsa isa = config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa;
   auto kernel = &cpu::grad_kernel_baseline;
 #if defined(MOE_ROUTING_HAVE_AVX2)
   if (isa == CpuIsa::avx2) kernel = &cpu::grad_kernel_avx2;
 #endif
-  detail::parallel_for(plan.num_rows * args.tiles_per_row,
-                       detail::resolve_num_threads(config.num_threads),
+  detail::parallel_for(plan.num_rows * args.tiles_per_row, threads,
                        [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
   return Status::ok();
 }
