@@ -22,7 +22,7 @@ PY_PACKAGES := torch==2.13.0 numpy pytest scikit-build-core ninja matplotlib
 all: build
 
 help:
-	@echo "make demo   install, build and run the main job (moe-routing demo)"
+	@echo "make demo   install, build and run the main job (moe-routing demo, then the Python MoE example)"
 	@echo "make test   install, build and run every test suite (also under ASan+UBSan)"
 	@echo "make build  configure and build into $(BUILD_DIR)/"
 	@echo "make clean  remove build trees"
@@ -72,8 +72,11 @@ test-python: python
 test: test-cpp test-asan test-python
 	@echo "== make test: every suite passed"
 
-demo: build
+demo: build python
 	$(BUILD_DIR)/moe-routing demo
+	@echo
+	@echo "== a tiny MoE layer trained with moe_routing's torch operators vs plain PyTorch"
+	$(VENV_PY) examples/python/tiny_moe.py
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) build/python

@@ -1,6 +1,8 @@
 """moe_routing: CANN's MoE token routing operators, bit-exact, for PyTorch.
 
     import moe_routing
+    expanded_x, expanded_row_idx, counts, _, _ = moe_routing.moe_init_routing(
+        x, expert_idx, expert_num=E, expert_tokens_num_flag=True)
     grad_x = moe_routing.moe_init_routing_grad(grad_expanded_x, expanded_row_idx, top_k)
 
 See docs/python.md for the API reference and the autograd support table.
@@ -9,9 +11,10 @@ from __future__ import annotations
 
 from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*)
 from . import _fake  # noqa: F401
-from ._api import moe_init_routing_grad
+from . import _autograd  # noqa: F401
+from ._api import moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from . import ops
 
 __version__ = "0.1.0"
 
-__all__ = ["moe_init_routing_grad", "ops", "__version__"]
+__all__ = ["moe_init_routing", "moe_init_routing_grad", "moe_init_routing_v2", "ops", "__version__"]

@@ -27,3 +27,76 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
     """
     return torch.ops.moe_routing.moe_init_routing_grad(grad_expanded_x, expanded_row_idx, top_k,
                                                        drop_pad_mode, active_num, order)
+
+
+def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: int = 0,
+                        expert_capacity: int = 0, expert_num: int = 0, drop_pad_mode: int = 0,
+                        expert_tokens_count_or_cumsum_flag: int = 0,
+                        expert_tokens_before_capacity_flag: bool = False):
+    """aclnnMoeInitRoutingV2 (torch_npu.npu_moe_init_routing_v2 semantics).
+
+    Args:
+        x: [N, H] float32/float16/bfloat16.
+        expert_idx: [N, K] int32; ids >= 0 (and < expert_num when counts or drop-pad use it).
+        active_num: 0 keeps all N*K sorted rows; A > 0 keeps the first min(A, N*K) (dropless).
+        expert_capacity: C, slots per expert (drop_pad_mode=1; 1 <= C <= N).
+        expert_num: E (drop_pad_mode=1, or when counts are requested).
+        drop_pad_mode: 0 dropless, 1 drop-pad.
+        expert_tokens_count_or_cumsum_flag: 0 none, 1 inclusive cumsum, 2 count (dropless only).
+        expert_tokens_before_capacity_flag: per-expert counts before capacity (drop-pad only).
+
+    Returns:
+        (expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum, expert_tokens_before_capacity):
+        expanded_x [min(A, N*K) or N*K, H] (dropless) or [E, C, H] (drop-pad, unfilled slots 0);
+        expanded_row_idx [N*K] int32 (pair p -> its row or slot; -1 when dropped for capacity);
+        the two int32 [E] count tensors (zeros when not requested).
+    """
+    return torch.ops.moe_routing.moe_init_routing_v2(
+        x, expert_idx, active_num, expert_capacity, expert_num, drop_pad_mode,
+        expert_tokens_count_or_cumsum_flag, expert_tokens_before_capacity_flag)
+
+
+def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, *, scale=None, offset=None,
+                     topk_weight=None, active_num: int = -1, expert_capacity: int = -1,
+                     expert_num: int = -1, drop_pad_mode: int = 0, expert_tokens_num_type: int = 0,
+                     expert_tokens_num_flag: bool = False, quant_mode: int = -1,
+                     active_expert_range=None, row_idx_type: int = 0, x_dtype=None,
+                     numerics: str = "atlas_a2"):
+    """cann_ops_transformer.moe_init_routing (aclnnMoeInitRoutingV4 semantics), differentiable.
+
+    Args:
+        x: [N, H] float32/float16/bfloat16 (int8 allowed with quant_mode=-1).
+        expert_idx: [N, K] int32. Ids outside active_expert_range (e.g. -1) are not routed.
+        scale: optional float32. quant_mode -1: [N] per-token scale gathered into expanded_scale;
+            0: [1] static scale (required); 1: [end-start, H] or [1, H] smooth scale.
+        offset: optional float32 [1], static quant only.
+        topk_weight: optional float32 [N, K], gathered into expanded_topk_weight.
+        active_num: -1/0 keep every routed pair; > 0 keep the first min(active_num, routed).
+        expert_capacity: C for drop_pad_mode=1.
+        expert_num: E (required, >= 1).
+        drop_pad_mode: 0 dropless ([N*K, H]), 1 drop-pad ([E, C, H]).
+        expert_tokens_num_type: 0 cumsum, 1 count, 2 key_value ([E, 2]).
+        expert_tokens_num_flag: produce expert_tokens_count_or_cumsum (zeros otherwise).
+        quant_mode: -1 none, 0 static int8, 1 dynamic int8 (CANN's 2..17: NotImplementedError).
+        active_expert_range: [start, end) of experts handled here (default [0, expert_num)).
+        row_idx_type: 0 gather (pair -> row, -1 if not routed), 1 scatter (row -> pair).
+        x_dtype: only meaningful for CANN's quant modes 2..17; must be None.
+        numerics: "atlas_a2" (default) or "ascend_950" quantisation arithmetic.
+
+    Returns:
+        (expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum, expanded_scale,
+        expanded_topk_weight). See docs/moe_init_routing.md for shapes.
+
+    Autograd: x, scale (quant_mode -1) and topk_weight get gradients for every non-quantised
+    configuration; a quantised forward raises NotImplementedError in backward.
+    """
+    if x_dtype is not None:
+        raise NotImplementedError(
+            f"moe_init_routing: x_dtype must be None (it selects the output type of CANN's quant modes "
+            f"2..17, which are not supported), got {x_dtype}")
+    if active_expert_range is not None:
+        active_expert_range = [int(v) for v in active_expert_range]
+    return torch.ops.moe_routing.moe_init_routing(
+        x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity, expert_num,
+        drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
+        active_expert_range, row_idx_type, numerics)

@@ -2,6 +2,6 @@
 
     from moe_routing.ops import moe_init_routing, moe_init_routing_grad
 """
-from ._api import moe_init_routing_grad
+from ._api import moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 
-__all__ = ["moe_init_routing_grad"]
+__all__ = ["moe_init_routing", "moe_init_routing_grad", "moe_init_routing_v2"]

@@ -48,7 +48,11 @@ class ThreadPool {
     }
     ensure_workers(int(pieces) - 1);
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      // A worker still inside the previous job's piece loop would take its next piece from the
+      // counters reset below (running a piece twice and unbalancing pending_); wait until every
+      // worker has left that loop.
+      std::unique_lock<std::mutex> lock(mutex_);
+      done_.wait(lock, [&] { return active_ == 0; });
       job_ = &fn;
       job_tasks_ = num_tasks;
       job_pieces_ = pieces;
@@ -96,12 +100,17 @@ class ThreadPool {
         std::unique_lock<std::mutex> lock(mutex_);
         wake_.wait(lock, [&] { return generation_ != seen; });
         seen = generation_;
+        ++active_;
       }
       while (true) {
         int64_t piece = next_piece_.fetch_add(1);
         if (piece >= job_pieces_) break;
         run_piece(piece);
         finish_piece();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (--active_ == 0) done_.notify_all();
       }
     }
   }
@@ -116,6 +125,7 @@ class ThreadPool {
   std::atomic<int64_t> job_pieces_{0};
   std::atomic<int64_t> next_piece_{0};
   int64_t pending_ = 0;
+  int64_t active_ = 0;  // workers inside a job's piece loop (guarded by mutex_)
   uint64_t generation_ = 0;
 };
 

@@ -444,7 +444,7 @@ TEST(CliHelp, TopLevelHelpVersionAndUnknownCommands) {
 
   const CliResult unknown = run_cli(dir, {"frobnicate"});
   EXPECT_EQ(unknown.exit_code, 2);
-  EXPECT_NE(unknown.err.find("moe-routing: command must be one of golden grad, demo, info, help, "
+  EXPECT_NE(unknown.err.find("moe-routing: command must be one of golden grad, demo, bench, info, help, "
                              "--help, --version, got 'frobnicate'"),
             std::string::npos)
       << unknown.err;
@@ -523,6 +523,31 @@ TEST(CliDemo, RejectsImpossibleSizes) {
   EXPECT_EQ(zero.exit_code, 2);
   EXPECT_NE(zero.err.find("--tokens must be in [1, 2147483647], got 0"), std::string::npos)
       << zero.err;
+}
+
+TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
+  TempDir dir;
+  const std::string csv = dir.file("bench.csv");
+  const CliResult r = run_cli(dir, {"bench", "--shape", "mixtral", "--tokens", "3,17", "--runs", "1", "--threads", "2",
+                               "--dtype", "fp16", "--csv", csv});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("copy bandwidth"), std::string::npos);
+  // 2 token counts x (3 backward + 2 forward scenarios), each a row naming its scenario.
+  for (const char* scenario : {"dropless", "active", "drop_pad"})
+    EXPECT_NE(r.out.find(scenario), std::string::npos) << r.out;
+  std::ifstream in(csv);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_EQ(lines, 1 + 2 * 5);
+  EXPECT_NE(r.err.find("[bench 10/10]"), std::string::npos) << r.err;
+}
+
+TEST(CliBench, RejectsABadTokenList) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"bench", "--tokens", "4,x"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--tokens"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -110,3 +110,163 @@ def random_grad_case(scenario, dtype, n, k, h, generator, drop_fraction=0.1):
     drop = torch.rand(pairs, generator=generator) < drop_fraction
     perm = torch.where(drop, -1, perm).to(torch.int32)
     return random_values(shape, dtype, generator), perm, kwargs
+
+
+# ---- forward ---------------------------------------------------------------------------------
+
+def _counts(keys, start, end):
+    return torch.bincount(keys - start, minlength=end - start)[: end - start] if keys.numel() else \
+        torch.zeros(end - start, dtype=torch.int64)
+
+
+def _drop_pad_slots(keys, order, experts, capacity):
+    """For sorted pairs: the slot e*C + rank (rank = position among the expert's pairs) or -1."""
+    sorted_keys = keys[order]
+    counts = torch.bincount(sorted_keys, minlength=experts)[:experts] if keys.numel() else \
+        torch.zeros(experts, dtype=torch.int64)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(order.numel()) - starts[sorted_keys]
+    return torch.where(rank < capacity, sorted_keys * capacity + rank, -1), counts
+
+
+def v2_reference(x, expert_idx, active_num=0, expert_capacity=0, expert_num=0, drop_pad_mode=0,
+                 expert_tokens_count_or_cumsum_flag=0, expert_tokens_before_capacity_flag=False):
+    n, h = x.shape
+    k = expert_idx.shape[1]
+    pairs = n * k
+    keys = expert_idx.reshape(-1).long()
+    order = torch.argsort(keys, stable=True)
+    eri = torch.empty(pairs, dtype=torch.int32)
+    e = expert_num
+    counts = torch.zeros(max(e, 0), dtype=torch.int32)
+    before = torch.zeros(max(e, 0), dtype=torch.int32)
+    if drop_pad_mode == 0:
+        eri[order] = torch.arange(pairs, dtype=torch.int32)
+        rows = pairs if active_num == 0 else min(active_num, pairs)
+        expanded_x = x[order[:rows] // k]
+        if expert_tokens_count_or_cumsum_flag:
+            c = _counts(keys, 0, e)
+            counts = (torch.cumsum(c, 0) if expert_tokens_count_or_cumsum_flag == 1 else c).to(torch.int32)
+    else:
+        slots, c = _drop_pad_slots(keys, order, e, expert_capacity)
+        eri[order] = slots.to(torch.int32)
+        expanded_x = torch.zeros(e * expert_capacity, h, dtype=x.dtype)
+        kept = slots >= 0
+        expanded_x[slots[kept]] = x[order[kept] // k]
+        expanded_x = expanded_x.view(e, expert_capacity, h)
+        if expert_tokens_before_capacity_flag:
+            before = c.to(torch.int32)
+    return expanded_x, eri, counts, before
+
+
+def _round_half_away(q):
+    q64 = q.double()
+    r = torch.sign(q64) * torch.floor(q64.abs() + 0.5)
+    return r
+
+
+def quantize_static(rows, scale, offset, numerics):
+    if numerics == "atlas_a2":
+        t = rows.float() * scale[0] + (offset[0] if offset is not None else 0.0)
+        q = torch.round(t)  # half to even
+    else:
+        h = rows.float().half()
+        t = (h * scale.half()[0]).half()
+        t = (t + (offset.half()[0] if offset is not None else torch.tensor(0.0, dtype=torch.half))).half()
+        q = torch.round(t.float())
+    q = torch.where(torch.isnan(q), 0.0, q)
+    return q.clamp(-128, 127).to(torch.int8)
+
+
+def quantize_dynamic(rows, smooth, numerics):
+    f = rows.float()
+    if smooth is not None:
+        f = f * smooth
+    m = f.abs().amax(dim=1, keepdim=True) if f.shape[1] else torch.zeros(f.shape[0], 1)
+    if numerics == "atlas_a2":
+        sc = m / torch.tensor(127.0)
+    else:
+        sc = m * torch.tensor(1.0 / 127.0, dtype=torch.float32)
+    q = _round_half_away(f / sc)
+    q = torch.where(torch.isnan(q), 0.0, q).clamp(-128, 127).to(torch.int8)
+    return q, sc.view(-1)
+
+
+def v4_reference(x, expert_idx, scale=None, offset=None, topk_weight=None, active_num=-1,
+                 expert_capacity=-1, expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
+                 expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=None,
+                 row_idx_type=0, numerics="atlas_a2"):
+    n, h = x.shape
+    k = expert_idx.shape[1]
+    pairs = n * k
+    e = expert_num
+    start, end = (0, e) if active_expert_range is None else tuple(active_expert_range)
+    keys = expert_idx.reshape(-1).long()
+    valid = (keys >= start) & (keys < end)
+    positions = torch.nonzero(valid).flatten()
+    order = positions[torch.argsort(keys[positions], stable=True)]
+    avail = order.numel()
+    counts_in_range = _counts(keys[valid], start, end)
+    if not expert_tokens_num_flag:
+        counts = torch.zeros(end - start, dtype=torch.int64)
+    elif expert_tokens_num_type == 0:
+        counts = torch.cumsum(counts_in_range, 0)
+    elif expert_tokens_num_type == 1:
+        counts = counts_in_range.clone()
+    else:
+        counts = torch.zeros(e, 2, dtype=torch.int64)
+        ids = torch.nonzero(counts_in_range).flatten()
+        counts[: ids.numel(), 0] = ids + start
+        counts[: ids.numel(), 1] = counts_in_range[ids]
+    out_dtype = torch.int8 if quant_mode in (0, 1) else x.dtype
+
+    def transform(rows_x, row_keys):
+        if quant_mode == 0:
+            return quantize_static(rows_x, scale, offset, numerics), None
+        if quant_mode == 1:
+            smooth = None
+            if scale is not None:
+                smooth = scale[0:1].expand(rows_x.shape[0], -1) if scale.shape[0] == 1 else scale[row_keys - start]
+            return quantize_dynamic(rows_x, smooth, numerics)
+        return rows_x, None
+
+    if drop_pad_mode == 1:
+        c = expert_capacity
+        slots, _ = _drop_pad_slots(keys, order, e, c)
+        eri = torch.full((pairs,), -1, dtype=torch.int32)
+        eri[order] = slots.to(torch.int32)
+        kept = slots >= 0
+        src = order[kept]
+        expanded_x = torch.zeros(e * c, h, dtype=out_dtype)
+        expanded_x[slots[kept]] = x[src // k]
+        expanded_scale = torch.zeros(e * c)
+        if scale is not None:
+            expanded_scale[slots[kept]] = scale[src // k]
+        expanded_topk_weight = torch.zeros(e * c, 1) if topk_weight is not None else torch.zeros(0)
+        if topk_weight is not None:
+            expanded_topk_weight[slots[kept], 0] = topk_weight.reshape(-1)[src]
+        return expanded_x.view(e, c, h), eri, counts, expanded_scale, expanded_topk_weight
+
+    r = avail if active_num <= 0 else min(active_num, avail)
+    if row_idx_type == 0:
+        eri = torch.full((pairs,), -1, dtype=torch.int32)
+        eri[order] = torch.arange(avail, dtype=torch.int32)
+    else:
+        above = torch.nonzero(keys >= end).flatten()
+        above = above[torch.argsort(keys[above], stable=True)]
+        below = torch.nonzero(keys < start).flatten()
+        eri = torch.cat([order, above, below]).to(torch.int32)
+    src = order[:r]
+    expanded_x = torch.zeros(pairs, h, dtype=out_dtype)
+    expanded_scale = torch.zeros(pairs)
+    rows, sc = transform(x[src // k], keys[src])
+    expanded_x[:r] = rows
+    if quant_mode == 1:
+        expanded_scale[:r] = sc
+    elif scale is not None and quant_mode == -1:
+        expanded_scale[:r] = scale[src // k]
+    expanded_topk_weight = torch.zeros(0)
+    if topk_weight is not None:
+        expanded_topk_weight = torch.zeros(pairs, 1)
+        expanded_topk_weight[:r, 0] = topk_weight.reshape(-1)[src]
+    return expanded_x, eri, counts, expanded_scale, expanded_topk_weight

@@ -154,6 +154,7 @@ std::vector<std::unique_ptr<Command>> make_commands() {
   std::vector<std::unique_ptr<Command>> commands;
   commands.push_back(make_golden_grad_command());
   commands.push_back(make_demo_command());
+  commands.push_back(make_bench_command());
   commands.push_back(make_info_command());
   return commands;
 }

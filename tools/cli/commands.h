@@ -33,6 +33,7 @@ class Command {
 std::unique_ptr<Command> make_golden_grad_command();
 std::unique_ptr<Command> make_demo_command();
 std::unique_ptr<Command> make_info_command();
+std::unique_ptr<Command> make_bench_command();
 
 /// Every command, in the order the top-level help lists them.
 std::vector<std::unique_ptr<Command>> make_commands();

@@ -6,7 +6,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "moe_routing/moe_routing.hpp"
 
@@ -60,6 +63,30 @@ TensorView view_of(const char* op, const char* name, const at::Tensor& t) {
   return v;
 }
 
+at::ScalarType torch_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::float32: return at::kFloat;
+    case DType::float16: return at::kHalf;
+    case DType::bfloat16: return at::kBFloat16;
+    case DType::int8: return at::kChar;
+    case DType::int32: return at::kInt;
+    case DType::int64: return at::kLong;
+  }
+  TORCH_CHECK(false, "moe_routing: internal error: unknown dtype ", static_cast<int>(dtype));
+}
+
+/// An output tensor of the planned shape and dtype. Outputs a configuration does not produce get
+/// their planned (possibly empty) shape too; the core fills them with zeros.
+at::Tensor allocate(const moe_routing::OutputSpec& spec, const at::Tensor& like) {
+  std::vector<int64_t> shape(spec.shape, spec.shape + spec.ndim);
+  return at::empty(shape, like.options().dtype(torch_dtype(spec.dtype)));
+}
+
+/// A view of an optional input; absent -> the core's "absent" (default-constructed) view.
+TensorView optional_view(const char* op, const char* name, const at::Tensor& t) {
+  return t.defined() ? view_of(op, name, t) : TensorView();
+}
+
 moe_routing::ExecConfig torch_exec_config() {
   moe_routing::ExecConfig config;
   config.num_threads = at::get_num_threads();  // honours torch.set_num_threads
@@ -91,14 +118,111 @@ at::Tensor moe_init_routing_grad_cpu(const at::Tensor& grad_expanded_x,
   return grad_x;
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(
+    const at::Tensor& x, const at::Tensor& expert_idx, int64_t active_num, int64_t expert_capacity,
+    int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_count_or_cumsum_flag,
+    bool expert_tokens_before_capacity_flag) {
+  constexpr const char* op = "moe_init_routing_v2";
+  moe_routing::MoeInitRoutingV2Attrs attrs;
+  attrs.active_num = active_num;
+  attrs.expert_capacity = expert_capacity;
+  attrs.expert_num = expert_num;
+  attrs.drop_pad_mode = drop_pad_mode;
+  attrs.expert_tokens_count_or_cumsum_flag = expert_tokens_count_or_cumsum_flag;
+  attrs.expert_tokens_before_capacity_flag = expert_tokens_before_capacity_flag;
+  const at::Tensor x_c = x.contiguous();
+  const at::Tensor idx_c = expert_idx.contiguous();
+  const TensorView x_view = view_of(op, "x", x_c);
+  const TensorView idx_view = view_of(op, "expert_idx", idx_c);
+  moe_routing::MoeInitRoutingV2Plan plan;
+  raise_if_error(moe_routing::infer_moe_init_routing_v2(x_view, idx_view, attrs, &plan));
+  at::Tensor expanded_x = allocate(plan.expanded_x, x_c);
+  at::Tensor expanded_row_idx = allocate(plan.expanded_row_idx, x_c);
+  at::Tensor counts = allocate(plan.expert_tokens_count_or_cumsum, x_c);
+  at::Tensor before_capacity = allocate(plan.expert_tokens_before_capacity, x_c);
+  raise_if_error(moe_routing::moe_init_routing_v2(
+      x_view, idx_view, attrs, view_of(op, "expanded_x", expanded_x),
+      view_of(op, "expanded_row_idx", expanded_row_idx),
+      view_of(op, "expert_tokens_count_or_cumsum", counts),
+      view_of(op, "expert_tokens_before_capacity", before_capacity), torch_exec_config()));
+  return {expanded_x, expanded_row_idx, counts, before_capacity};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(
+    const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
+    int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
+    int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
+    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics) {
+  constexpr const char* op = "moe_init_routing";
+  moe_routing::MoeInitRoutingAttrs attrs;
+  attrs.active_num = active_num;
+  attrs.expert_capacity = expert_capacity;
+  attrs.expert_num = expert_num;
+  attrs.drop_pad_mode = drop_pad_mode;
+  attrs.expert_tokens_num_type = expert_tokens_num_type;
+  attrs.expert_tokens_num_flag = expert_tokens_num_flag;
+  attrs.quant_mode = quant_mode;
+  attrs.row_idx_type = row_idx_type;
+  if (active_expert_range.has_value()) {
+    const auto range = *active_expert_range;
+    TORCH_CHECK_VALUE(range.size() == 2, op,
+                      ": active_expert_range must be a list of two ints [start, end], got ",
+                      range.size(), " values");
+    attrs.has_active_expert_range = true;
+    attrs.active_expert_range = {range[0], range[1]};
+  }
+  const std::string numerics_text(numerics);
+  TORCH_CHECK_VALUE(moe_routing::parse_quant_flavour(numerics_text.c_str(), &attrs.flavour), op,
+                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", numerics_text,
+                    "\"");
+  const at::Tensor x_c = x.contiguous();
+  const at::Tensor idx_c = expert_idx.contiguous();
+  const at::Tensor scale_c = scale.has_value() ? scale->contiguous() : at::Tensor();
+  const at::Tensor offset_c = offset.has_value() ? offset->contiguous() : at::Tensor();
+  const at::Tensor weight_c = topk_weight.has_value() ? topk_weight->contiguous() : at::Tensor();
+  const TensorView x_view = view_of(op, "x", x_c);
+  const TensorView idx_view = view_of(op, "expert_idx", idx_c);
+  const TensorView scale_view = optional_view(op, "scale", scale_c);
+  const TensorView offset_view = optional_view(op, "offset", offset_c);
+  const TensorView weight_view = optional_view(op, "topk_weight", weight_c);
+  moe_routing::MoeInitRoutingPlan plan;
+  raise_if_error(moe_routing::infer_moe_init_routing(x_view, idx_view, scale_view, offset_view,
+                                                     weight_view, attrs, &plan));
+  at::Tensor expanded_x = allocate(plan.expanded_x, x_c);
+  at::Tensor expanded_row_idx = allocate(plan.expanded_row_idx, x_c);
+  at::Tensor counts = allocate(plan.expert_tokens_count_or_cumsum, x_c);
+  at::Tensor expanded_scale = allocate(plan.expanded_scale, x_c);
+  at::Tensor expanded_topk_weight = allocate(plan.expanded_topk_weight, x_c);
+  raise_if_error(moe_routing::moe_init_routing(
+      x_view, idx_view, scale_view, offset_view, weight_view, attrs,
+      view_of(op, "expanded_x", expanded_x), view_of(op, "expanded_row_idx", expanded_row_idx),
+      view_of(op, "expert_tokens_count_or_cumsum", counts),
+      view_of(op, "expanded_scale", expanded_scale),
+      view_of(op, "expanded_topk_weight", expanded_topk_weight), torch_exec_config()));
+  return {expanded_x, expanded_row_idx, counts, expanded_scale, expanded_topk_weight};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(moe_routing, m) {
   m.def(
       "moe_init_routing_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
       "int drop_pad_mode=0, int active_num=0, str order=\"tree\") -> Tensor");
+  m.def(
+      "moe_init_routing_v2(Tensor x, Tensor expert_idx, int active_num=0, int expert_capacity=0, "
+      "int expert_num=0, int drop_pad_mode=0, int expert_tokens_count_or_cumsum_flag=0, "
+      "bool expert_tokens_before_capacity_flag=False) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "moe_init_routing(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, "
+      "Tensor? topk_weight=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, "
+      "int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, "
+      "int quant_mode=-1, int[]? active_expert_range=None, int row_idx_type=0, "
+      "str numerics=\"atlas_a2\") -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) {
   m.impl("moe_init_routing_grad", &moe_init_routing_grad_cpu);
+  m.impl("moe_init_routing_v2", &moe_init_routing_v2_cpu);
+  m.impl("moe_init_routing", &moe_init_routing_cpu);
 }

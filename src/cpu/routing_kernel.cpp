@@ -1,0 +1,302 @@
+#include "cpu/routing_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "cpu/float_env.h"
+#include "cpu/routing_sort.h"
+#include "ops/moe_init_routing/quantize.h"
+
+namespace moe_routing::cpu {
+namespace {
+
+using detail::CountFormat;
+using detail::RoutingProblem;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+/// Runs fn(block, begin, end) over `blocks` contiguous blocks of [0, n).
+template <class Fn>
+void for_blocks(int64_t n, int64_t blocks, int num_threads, const Fn& fn) {
+  detail::parallel_for(blocks, num_threads, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) fn(b, n * b / blocks, n * (b + 1) / blocks);
+  });
+}
+
+/// Parallel loop over [0, n) in contiguous pieces.
+template <class Fn>
+void parallel_range(int64_t n, int num_threads, const Fn& fn) {
+  detail::parallel_for(n, num_threads, [&](int64_t begin, int64_t end) { fn(begin, end); });
+}
+
+/// Element j of a row of x widened to float32 (typed loads, so the loops below vectorise).
+template <DType kDtype>
+inline float widen(const void* row, int64_t j) {
+  if constexpr (kDtype == DType::float16) {
+    return fp16_to_float(static_cast<const uint16_t*>(row)[j]);
+  } else if constexpr (kDtype == DType::bfloat16) {
+    return bf16_to_float(static_cast<const uint16_t*>(row)[j]);
+  } else {
+    return static_cast<const float*>(row)[j];
+  }
+}
+
+/// quant_mode 1 for one row, in two sweeps over the source (f is recomputed with the same
+/// float32 operations instead of being stored: no allocation per row or per thread). Returns the
+/// scale. Same results as the reference's f -> abs_max_step -> dynamic_quantize sequence: the
+/// maximum of the non-NaN |f| does not depend on the order, so it is reduced in lanes, and a NaN
+/// anywhere makes it NaN, as abs_max_step does.
+template <DType kDtype, bool kSmooth>
+float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, QuantFlavour flavour,
+                           int8_t* out) {
+  auto f = [row, smooth](int64_t j) {
+    const float v = widen<kDtype>(row, j);
+    if constexpr (kSmooth) return v * smooth[j];
+    return v;
+  };
+  constexpr int kLanes = 8;
+  float lane_max[kLanes] = {};
+  int32_t nan_seen = 0;
+  int64_t j = 0;
+  for (; j + kLanes <= H; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float a = std::fabs(f(j + l));
+      lane_max[l] = a > lane_max[l] ? a : lane_max[l];
+      nan_seen |= int32_t(quantize::is_nan_bits(a));
+    }
+  float abs_max = 0.0f;
+  for (; j < H; ++j) abs_max = quantize::abs_max_step(abs_max, f(j));
+  for (int l = 0; l < kLanes; ++l) abs_max = quantize::abs_max_step(abs_max, lane_max[l]);
+  if (nan_seen != 0) abs_max = std::numeric_limits<float>::quiet_NaN();
+  const float sc = quantize::dynamic_scale(abs_max, flavour);
+  for (int64_t i = 0; i < H; ++i) out[i] = quantize::dynamic_quantize(f(i), sc);
+  return sc;
+}
+
+/// Writes destination rows of every row-shaped output; kDtype is x's dtype (quantised paths).
+template <DType kDtype>
+class RowWriter {
+ public:
+  RowWriter(const RoutingProblem& pr, const quantize::StaticParams& static_params)
+      : pr_(pr), static_params_(static_params) {}
+
+  /// Row `dest` from pair p, or zeros when p < 0.
+  void write(int64_t dest, int64_t p) const {
+    const int64_t H = pr_.hidden;
+    if (p < 0) {
+      const size_t out_size = pr_.quant_mode == -1 ? dtype_size(pr_.x_dtype) : 1;
+      if (H > 0)
+        std::memset(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * out_size, 0,
+                    size_t(H) * out_size);
+      if (pr_.expanded_scale != nullptr) pr_.expanded_scale[dest] = 0.0f;
+      if (pr_.expanded_topk_weight != nullptr) pr_.expanded_topk_weight[dest] = 0.0f;
+      return;
+    }
+    const int64_t token = p / pr_.top_k;
+    if (pr_.quant_mode == -1) {
+      const size_t size = dtype_size(pr_.x_dtype);
+      if (H > 0)
+        std::memcpy(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * size,
+                    static_cast<const char*>(pr_.x) + size_t(token * H) * size, size_t(H) * size);
+      if (pr_.expanded_scale != nullptr) pr_.expanded_scale[dest] = pr_.scale[token];
+    } else if (pr_.quant_mode == 0) {
+      int8_t* out = static_cast<int8_t*>(pr_.expanded_x) + dest * H;
+      const int64_t base = token * H;
+      for (int64_t j = 0; j < H; ++j)
+        out[j] = quantize::static_quantize(load_as_float(pr_.x, kDtype, base + j), static_params_);
+    } else {
+      write_dynamic(dest, token, pr_.expert_idx[p]);
+    }
+    if (pr_.expanded_topk_weight != nullptr) pr_.expanded_topk_weight[dest] = pr_.topk_weight[p];
+  }
+
+ private:
+  /// Dynamic quantisation of one row (see dynamic_quantize_row).
+  void write_dynamic(int64_t dest, int64_t token, int64_t expert) const {
+    const int64_t H = pr_.hidden;
+    const char* row = static_cast<const char*>(pr_.x) + size_t(token * H) * dtype_size(kDtype);
+    int8_t* out = static_cast<int8_t*>(pr_.expanded_x) + dest * H;
+    float sc;
+    if (pr_.scale != nullptr) {
+      const float* smooth = pr_.scale + (pr_.scale_rows == 1 ? 0 : (expert - pr_.range_start)) * H;
+      sc = dynamic_quantize_row<kDtype, true>(row, smooth, H, pr_.flavour, out);
+    } else {
+      sc = dynamic_quantize_row<kDtype, false>(row, nullptr, H, pr_.flavour, out);
+    }
+    pr_.expanded_scale[dest] = canonicalize_nan(sc);
+  }
+
+  const RoutingProblem& pr_;
+  quantize::StaticParams static_params_;
+};
+
+/// source(d) gives the pair of destination row d (or -1); rows [0, rows) are written in parallel.
+template <DType kDtype, class Source>
+void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& static_params,
+                   int64_t rows, int num_threads, const Source& source) {
+  const RowWriter<kDtype> writer(pr, static_params);
+  parallel_range(rows, num_threads, [&](int64_t begin, int64_t end) {
+    DefaultFloatEnvironment float_environment;
+    for (int64_t d = begin; d < end; ++d) writer.write(d, source(d));
+  });
+}
+
+template <class Source>
+void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params, int64_t rows,
+                int num_threads, const Source& source) {
+  switch (pr.x_dtype) {
+    case DType::float16:
+      write_rows_as<DType::float16>(pr, static_params, rows, num_threads, source);
+      break;
+    case DType::bfloat16:
+      write_rows_as<DType::bfloat16>(pr, static_params, rows, num_threads, source);
+      break;
+    default:  // float32, and int8 (quant_mode -1 only: a byte copy)
+      write_rows_as<DType::float32>(pr, static_params, rows, num_threads, source);
+      break;
+  }
+}
+
+void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
+  if (pr.count_dtype == DType::int32)
+    static_cast<int32_t*>(pr.counts)[index] = int32_t(value);
+  else
+    static_cast<int64_t*>(pr.counts)[index] = value;
+}
+
+void write_counts(const RoutingProblem& pr, const std::vector<int64_t>& totals) {
+  const int64_t range = pr.range_end - pr.range_start;
+  switch (pr.count_format) {
+    case CountFormat::none: return;
+    case CountFormat::cumsum: {
+      int64_t running = 0;
+      for (int64_t j = 0; j < range; ++j) {
+        running += totals[size_t(j)];
+        write_count(pr, j, running);
+      }
+      return;
+    }
+    case CountFormat::count:
+      for (int64_t j = 0; j < range; ++j) write_count(pr, j, totals[size_t(j)]);
+      return;
+    case CountFormat::key_value: {
+      int64_t row = 0;
+      for (int64_t j = 0; j < range; ++j) {
+        if (totals[size_t(j)] == 0) continue;
+        write_count(pr, 2 * row, pr.range_start + j);
+        write_count(pr, 2 * row + 1, totals[size_t(j)]);
+        ++row;
+      }
+      if (row < pr.expert_num)
+        std::memset(static_cast<int64_t*>(pr.counts) + 2 * row, 0,
+                    size_t(pr.expert_num - row) * 2 * sizeof(int64_t));
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+void moe_init_routing(const RoutingProblem& pr, int num_threads) {
+  const int64_t P = pr.pairs();
+  const int64_t start = pr.range_start, end = pr.range_end;
+  std::vector<uint32_t> keys(static_cast<size_t>(P));
+  std::vector<int32_t> order(static_cast<size_t>(P));
+
+  // 1. Keys, and the largest routed key / largest id above the range (per block, then reduced).
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(num_threads, P / 16384));
+  std::vector<int64_t> block_max_key(size_t(blocks), -1), block_max_high(size_t(blocks), -1);
+  for_blocks(P, blocks, num_threads, [&](int64_t b, int64_t begin, int64_t stop) {
+    int64_t max_key = -1, max_high = -1;
+    for (int64_t p = begin; p < stop; ++p) {
+      const int64_t id = pr.expert_idx[p];
+      if (id >= start && id < end) {
+        keys[size_t(p)] = uint32_t(id - start);
+        max_key = std::max(max_key, id - start);
+      } else {
+        keys[size_t(p)] = kNotRouted;
+        if (id >= end) max_high = std::max(max_high, id);
+      }
+    }
+    block_max_key[size_t(b)] = max_key;
+    block_max_high[size_t(b)] = max_high;
+  });
+  const int64_t max_key = *std::max_element(block_max_key.begin(), block_max_key.end());
+  const int64_t max_high = *std::max_element(block_max_high.begin(), block_max_high.end());
+
+  // 2. The routed pairs, sorted stably by expert id. Counts need totals over the whole range.
+  std::vector<int64_t> totals(pr.needs_counts() ? size_t(end - start) : 0, 0);
+  const uint64_t range = pr.needs_counts() ? uint64_t(end - start) : uint64_t(max_key + 1);
+  // row_idx_type 1: the pairs not routed follow in the CANN golden's order, ids >= end by (id, p),
+  // then ids < start by p. The golden gives ids < start the key INT32_MAX, which ties them with an
+  // id of INT32_MAX itself; the compressed key low_id - end keeps exactly that order.
+  const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;
+  const int64_t low_id = max_high == kInt32Max ? kInt32Max : std::max(max_high + 1, end);
+  const uint64_t tail_range = uint64_t(low_id - end + 1);
+  const bool radix = range > kDirectBuckets || (scatter_tail && tail_range > kDirectBuckets);
+  std::vector<int32_t> scratch(radix ? static_cast<size_t>(P) : 0);
+  std::vector<int64_t> first(pr.drop_pad ? size_t(pr.expert_num) : 0);
+  quantize::StaticParams static_params;
+  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
+
+  // Every allocation of this function is done. In the dropless gather layout the sort writes
+  // expanded_row_idx itself (the rank of each position), after its own last allocation.
+  const bool gather = !pr.drop_pad && pr.row_idx_type == 0;
+  const int64_t routed =
+      stable_counting_sort(keys.data(), P, range, num_threads, order.data(), scratch.data(),
+                           totals.empty() ? nullptr : totals.data(),
+                           gather ? pr.expanded_row_idx : nullptr);
+
+  // 3. The row_idx_type 1 tail.
+  if (scatter_tail && routed < P) {
+    parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
+      for (int64_t p = begin; p < stop; ++p) {
+        const int64_t id = pr.expert_idx[p];
+        if (id >= start && id < end)
+          keys[size_t(p)] = kNotRouted;
+        else
+          keys[size_t(p)] = uint32_t((id >= end ? id : low_id) - end);
+      }
+    });
+    stable_counting_sort(keys.data(), P, tail_range, num_threads, order.data() + routed,
+                         scratch.data(), nullptr, nullptr);
+  }
+
+  // 4. Drop-pad: expert e's pairs occupy order[first[e], first[e] + totals[e]).
+  for (size_t e = 1; e < first.size(); ++e) first[e] = first[e - 1] + totals[e - 1];
+
+  // The remaining outputs.
+  int32_t* row_idx = pr.expanded_row_idx;
+  const int32_t* sorted = order.data();
+  if (pr.drop_pad) {
+    const int64_t C = pr.expert_capacity;
+    parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
+      std::fill(row_idx + begin, row_idx + stop, -1);
+    });
+    // Slot e*C + c holds the c-th pair of expert e; each slot (so each kept pair) has one owner.
+    write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
+      const int64_t e = slot / C, c = slot % C;
+      if (c >= totals[size_t(e)]) return -1;
+      const int32_t p = sorted[first[size_t(e)] + c];
+      row_idx[p] = int32_t(slot);
+      return p;
+    });
+  } else {
+    if (!gather) {  // row_idx_type 1: the sorted positions, then the tail
+      parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
+        std::copy(sorted + begin, sorted + stop, row_idx + begin);
+      });
+    }
+    const int64_t rows_with_data = std::min(pr.row_limit, routed);
+    write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t d) -> int64_t {
+      return d < rows_with_data ? sorted[d] : -1;
+    });
+  }
+  write_counts(pr, totals);
+}
+
+}  // namespace moe_routing::cpu

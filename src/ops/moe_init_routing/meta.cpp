@@ -1,0 +1,392 @@
+// Shape inference and every check of moe_init_routing_v2 (spec §2.3 as amended by DECISIONS.md
+// §6, §10, §11, §14) and moe_init_routing (spec §3.5, DECISIONS.md §6, §10-§12, §14), written
+// once. The CLI, the C ABI, the torch Meta kernel and every backend call through here.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "moe_routing/moe_init_routing.h"
+
+namespace moe_routing {
+namespace {
+
+constexpr const char* kOpV2 = "moe_init_routing_v2: ";
+constexpr const char* kOp = "moe_init_routing: ";
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+Status check_dims_non_negative(const char* op, const char* name, const TensorView& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] < 0)
+      return invalid_argument(op, name, " dimensions must be >= 0, got ", shape_string(t));
+  return Status::ok();
+}
+
+/// a * b, or -1 when it does not fit int64 (a, b >= 0).
+int64_t checked_mul(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  if (a > kInt64Max / b) return -1;
+  return a * b;
+}
+
+OutputSpec make_spec(bool produced, DType dtype, std::initializer_list<int64_t> shape) {
+  OutputSpec spec;
+  spec.produced = produced;
+  spec.dtype = dtype;
+  for (int64_t extent : shape) spec.shape[spec.ndim++] = extent;
+  return spec;
+}
+
+/// x [N, H] and expert_idx [N, K] int32: ranks, dims, row counts, devices, the int32 pair limit.
+Status check_x_and_expert_idx(const char* op, const TensorView& x, const TensorView& expert_idx) {
+  if (x.ndim != 2) return invalid_argument(op, "x must be 2-D [N, H], got ", describe(x));
+  if (expert_idx.ndim != 2)
+    return invalid_argument(op, "expert_idx must be 2-D [N, K], got ", describe(expert_idx));
+  MOE_ROUTING_RETURN_IF_ERROR(check_dims_non_negative(op, "x", x));
+  MOE_ROUTING_RETURN_IF_ERROR(check_dims_non_negative(op, "expert_idx", expert_idx));
+  if (expert_idx.dtype != DType::int32)
+    return invalid_argument(op, "expert_idx must be int32, got ", dtype_name(expert_idx.dtype));
+  if (expert_idx.shape[0] != x.shape[0])
+    return invalid_argument(op, "expert_idx.size(0) must equal x.size(0) (", x.shape[0], "), got ",
+                            expert_idx.shape[0]);
+  if (expert_idx.device != x.device)
+    return invalid_argument(op, "expert_idx must be on the device of x (", device_name(x.device),
+                            "), got ", device_name(expert_idx.device));
+  const int64_t pairs = checked_mul(expert_idx.shape[0], expert_idx.shape[1]);
+  if (pairs < 0 || pairs > kInt32Max)
+    return invalid_argument(op, "expert_idx must have at most 2147483647 elements (N*K, int32 "
+                            "indices), got ", shape_string(expert_idx));
+  if (x.numel() == kInt64Max)
+    return invalid_argument(op, "x has too many elements, got ", shape_string(x));
+  return Status::ok();
+}
+
+Status check_rows_fit(const char* op, const char* name, int64_t rows, int64_t hidden) {
+  if (checked_mul(rows, hidden) < 0)
+    return invalid_argument(op, name, " would have more than 2^63 elements, got [", rows, ", ",
+                            hidden, "]");
+  return Status::ok();
+}
+
+std::string describe_optional(const TensorView& t) {
+  return t.data == nullptr && t.ndim == 0 ? std::string("none") : describe(t);
+}
+
+bool is_absent(const TensorView& t) { return t.data == nullptr && t.ndim == 0; }
+
+bool has_shape(const TensorView& t, DType dtype, std::initializer_list<int64_t> shape) {
+  if (t.dtype != dtype || t.ndim != int(shape.size())) return false;
+  int d = 0;
+  for (int64_t extent : shape)
+    if (t.shape[d++] != extent) return false;
+  return true;
+}
+
+bool quant_mode_exists_in_cann(int64_t mode) {
+  return (mode >= -1 && mode <= 9) || (mode >= 11 && mode <= 17);
+}
+
+}  // namespace
+
+int64_t OutputSpec::numel() const {
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) total *= shape[d];
+  return total;
+}
+
+std::string shape_string(const OutputSpec& spec) {
+  std::ostringstream out;
+  out << '[';
+  for (int d = 0; d < spec.ndim; ++d) out << (d ? ", " : "") << spec.shape[d];
+  out << ']';
+  return out.str();
+}
+
+const char* quant_flavour_name(QuantFlavour flavour) {
+  switch (flavour) {
+    case QuantFlavour::atlas_a2: return "atlas_a2";
+    case QuantFlavour::ascend_950: return "ascend_950";
+  }
+  return "unknown";
+}
+
+bool parse_quant_flavour(const char* text, QuantFlavour* flavour) {
+  if (text == nullptr) return false;
+  if (std::strcmp(text, "atlas_a2") == 0) {
+    *flavour = QuantFlavour::atlas_a2;
+    return true;
+  }
+  if (std::strcmp(text, "ascend_950") == 0) {
+    *flavour = QuantFlavour::ascend_950;
+    return true;
+  }
+  return false;
+}
+
+// ------------------------------------------------------------------------------------------
+// moe_init_routing_v2
+// ------------------------------------------------------------------------------------------
+
+Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
+                                 const MoeInitRoutingV2Attrs& attrs, MoeInitRoutingV2Plan* plan) {
+  const char* op = kOpV2;
+  if (attrs.drop_pad_mode != 0 && attrs.drop_pad_mode != 1)
+    return invalid_argument(op, "drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got ",
+                            attrs.drop_pad_mode);
+  if (attrs.active_num < 0)
+    return invalid_argument(op, "active_num must be >= 0, got ", attrs.active_num);
+  if (attrs.expert_capacity < 0)
+    return invalid_argument(op, "expert_capacity must be >= 0, got ", attrs.expert_capacity);
+  if (attrs.expert_num < 0)
+    return invalid_argument(op, "expert_num must be >= 0, got ", attrs.expert_num);
+  if (attrs.expert_num > kInt32Max)
+    return invalid_argument(op, "expert_num must be at most 2147483647 (int32 expert ids), got ",
+                            attrs.expert_num);
+  const int64_t flag = attrs.expert_tokens_count_or_cumsum_flag;
+  if (flag < 0 || flag > 2)
+    return invalid_argument(op, "expert_tokens_count_or_cumsum_flag must be 0 (none), 1 (cumsum) "
+                            "or 2 (count), got ", flag);
+  const bool drop_pad = attrs.drop_pad_mode == 1;
+  if (drop_pad && attrs.expert_capacity < 1)
+    return invalid_argument(op, "expert_capacity must be >= 1 when drop_pad_mode=1, got ",
+                            attrs.expert_capacity);
+  if (drop_pad && attrs.expert_num < 1)
+    return invalid_argument(op, "expert_num must be >= 1 when drop_pad_mode=1, got ",
+                            attrs.expert_num);
+  if (flag > 0 && attrs.expert_num < 1)
+    return invalid_argument(op, "expert_num must be >= 1 when expert_tokens_count_or_cumsum_flag "
+                            "is 1 or 2, got ", attrs.expert_num);
+
+  MOE_ROUTING_RETURN_IF_ERROR(check_x_and_expert_idx(op, x, expert_idx));
+  if (!is_floating(x.dtype))
+    return invalid_argument(op, "x must be float16, bfloat16 or float32, got ",
+                            dtype_name(x.dtype));
+  const int64_t N = x.shape[0], H = x.shape[1], K = expert_idx.shape[1];
+  const int64_t pairs = N * K;
+  // CANN's infer-shape checks C <= N only for N > 0; an empty input stays valid (DECISIONS §10).
+  if (drop_pad && N > 0 && attrs.expert_capacity > N)
+    return invalid_argument(op, "expert_capacity must be <= x.size(0) (", N,
+                            ") when drop_pad_mode=1, got ", attrs.expert_capacity);
+
+  MoeInitRoutingV2Plan result;
+  result.dtype = x.dtype;
+  result.num_rows = N;
+  result.top_k = K;
+  result.hidden = H;
+  result.expert_num = attrs.expert_num;
+  result.drop_pad = drop_pad;
+  result.count_flag = drop_pad ? 0 : flag;
+  const bool uses_expert_num = drop_pad || result.count_flag > 0;
+  result.expert_id_limit = uses_expert_num ? attrs.expert_num : kInt64Max;
+  if (drop_pad) {
+    const int64_t E = attrs.expert_num, C = attrs.expert_capacity;
+    result.expert_capacity = C;
+    const int64_t slots = checked_mul(E, C);
+    if (slots < 0 || checked_mul(slots, H) < 0)
+      return invalid_argument(op, "expanded_x would have more than 2^63 elements, got [", E, ", ",
+                              C, ", ", H, "]");
+    result.expanded_rows = slots;
+    result.expanded_x = make_spec(true, x.dtype, {E, C, H});
+  } else {
+    const int64_t rows = attrs.active_num == 0 ? pairs : std::min(attrs.active_num, pairs);
+    MOE_ROUTING_RETURN_IF_ERROR(check_rows_fit(op, "expanded_x", rows, H));
+    result.expanded_rows = rows;
+    result.expanded_x = make_spec(true, x.dtype, {rows, H});
+  }
+  result.expanded_row_idx = make_spec(true, DType::int32, {pairs});
+  result.expert_tokens_count_or_cumsum =
+      make_spec(result.count_flag > 0, DType::int32, {attrs.expert_num});
+  result.expert_tokens_before_capacity =
+      make_spec(drop_pad && attrs.expert_tokens_before_capacity_flag, DType::int32,
+                {attrs.expert_num});
+  *plan = result;
+  return Status::ok();
+}
+
+Status check_moe_init_routing_v2_expert_idx(const int32_t* expert_idx,
+                                            const MoeInitRoutingV2Plan& plan) {
+  const int64_t K = plan.top_k, pairs = plan.num_rows * plan.top_k;
+  const int64_t limit = plan.expert_id_limit;
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int64_t id = expert_idx[p];
+    if (id >= 0 && id < limit) continue;
+    if (limit == kInt64Max)
+      return index_out_of_range(kOpV2, "expert_idx[", p / K, "][", p % K, "] = ", id,
+                                " is negative (expert ids must be >= 0)");
+    return index_out_of_range(kOpV2, "expert_idx[", p / K, "][", p % K, "] = ", id,
+                              " is outside [0, ", limit, ") (expert_num)");
+  }
+  return Status::ok();
+}
+
+// ------------------------------------------------------------------------------------------
+// moe_init_routing (torch API / V4)
+// ------------------------------------------------------------------------------------------
+
+Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
+                              const TensorView& scale, const TensorView& offset,
+                              const TensorView& topk_weight, const MoeInitRoutingAttrs& attrs,
+                              MoeInitRoutingPlan* plan) {
+  const char* op = kOp;
+  const int64_t q = attrs.quant_mode;
+  if (!quant_mode_exists_in_cann(q))
+    return invalid_argument(op, "quant_mode must be -1 (none), 0 (static int8), 1 (dynamic int8) "
+                            "or one of CANN's modes 2-9, 11-17 (not supported here), got ", q);
+  if (q > 1)
+    return not_supported(op, "quant_mode must be one of the supported modes -1 (none), 0 (static "
+                         "int8) or 1 (dynamic int8); CANN's MX/FP8/HiF8/INT4 modes are not "
+                         "implemented, got ", q);
+  if (attrs.drop_pad_mode != 0 && attrs.drop_pad_mode != 1)
+    return invalid_argument(op, "drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got ",
+                            attrs.drop_pad_mode);
+  const int64_t E = attrs.expert_num;
+  if (E < 1) return invalid_argument(op, "expert_num must be >= 1, got ", E);
+  if (E > kInt32Max)
+    return invalid_argument(op, "expert_num must be at most 2147483647 (int32 expert ids), got ",
+                            E);
+  int64_t s = 0, e_end = E;
+  if (attrs.has_active_expert_range) {
+    s = attrs.active_expert_range.start;
+    e_end = attrs.active_expert_range.end;
+    if (!(s >= 0 && s < e_end && e_end <= E))
+      return invalid_argument(op, "active_expert_range must be [start, end) with 0 <= start < end "
+                              "<= expert_num (", E, "), got [", s, ", ", e_end, "]");
+  }
+  const int64_t type = attrs.expert_tokens_num_type;
+  if (type < 0 || type > 2)
+    return invalid_argument(op, "expert_tokens_num_type must be 0 (cumsum), 1 (count) or 2 "
+                            "(key_value), got ", type);
+  if (attrs.row_idx_type != 0 && attrs.row_idx_type != 1)
+    return invalid_argument(op, "row_idx_type must be 0 (gather) or 1 (scatter), got ",
+                            attrs.row_idx_type);
+  if (attrs.active_num < -1)
+    return invalid_argument(op, "active_num must be -1 or 0 (keep every routed pair) or > 0, got ",
+                            attrs.active_num);
+  if (attrs.flavour != QuantFlavour::atlas_a2 && attrs.flavour != QuantFlavour::ascend_950)
+    return invalid_argument(op, "flavour must be atlas_a2 or ascend_950, got ",
+                            static_cast<int>(attrs.flavour));
+  const bool drop_pad = attrs.drop_pad_mode == 1;
+  if (drop_pad) {
+    if (attrs.expert_capacity < 1)
+      return invalid_argument(op, "expert_capacity must be >= 1 when drop_pad_mode=1, got ",
+                              attrs.expert_capacity);
+    if (attrs.row_idx_type != 0)
+      return invalid_argument(op, "row_idx_type must be 0 when drop_pad_mode=1, got ",
+                              attrs.row_idx_type);
+    if (q != -1)
+      return invalid_argument(op, "quant_mode must be -1 when drop_pad_mode=1, got ", q);
+    if (s != 0 || e_end != E)
+      return invalid_argument(op, "active_expert_range must be the full [0, expert_num) = [0, ", E,
+                              ") when drop_pad_mode=1, got [", s, ", ", e_end, "]");
+  }
+
+  MOE_ROUTING_RETURN_IF_ERROR(check_x_and_expert_idx(op, x, expert_idx));
+  const bool quantised = q == 0 || q == 1;
+  if (quantised && !is_floating(x.dtype))
+    return invalid_argument(op, "x must be float16, bfloat16 or float32 when quant_mode is 0 or 1, "
+                            "got ", dtype_name(x.dtype));
+  if (!quantised && !is_floating(x.dtype) && x.dtype != DType::int8)
+    return invalid_argument(op, "x must be float16, bfloat16, float32 or int8, got ",
+                            dtype_name(x.dtype));
+  const int64_t N = x.shape[0], H = x.shape[1], K = expert_idx.shape[1];
+  const int64_t pairs = N * K;
+  if (drop_pad && N > 0 && attrs.expert_capacity > N)
+    return invalid_argument(op, "expert_capacity must be <= x.size(0) (", N,
+                            ") when drop_pad_mode=1, got ", attrs.expert_capacity);
+
+  // Optional inputs: absent = default-constructed view. Present ones must sit on x's device.
+  const TensorView* optional_inputs[] = {&scale, &offset, &topk_weight};
+  const char* optional_names[] = {"scale", "offset", "topk_weight"};
+  for (int i = 0; i < 3; ++i) {
+    const TensorView& t = *optional_inputs[i];
+    if (is_absent(t)) continue;
+    MOE_ROUTING_RETURN_IF_ERROR(check_dims_non_negative(op, optional_names[i], t));
+    if (t.device != x.device)
+      return invalid_argument(op, optional_names[i], " must be on the device of x (",
+                              device_name(x.device), "), got ", device_name(t.device));
+  }
+  const bool has_scale = !is_absent(scale);
+  const int64_t range = e_end - s;
+  int64_t scale_rows = 0;
+  if (q == -1 && has_scale && !has_shape(scale, DType::float32, {N}))
+    return invalid_argument(op, "scale must be 1-D float32 [N] = [", N,
+                            "] (a per-token scale) when quant_mode=-1, got ", describe(scale));
+  if (q == 0 && !has_scale)
+    return invalid_argument(op,
+                            "scale must be given (1-D float32 [1]) when quant_mode=0, got none");
+  if (q == 0 && !has_shape(scale, DType::float32, {1}))
+    return invalid_argument(op, "scale must be 1-D float32 [1] when quant_mode=0, got ",
+                            describe(scale));
+  if (q == 1 && has_scale) {
+    if (has_shape(scale, DType::float32, {range, H}))
+      scale_rows = range;
+    else if (has_shape(scale, DType::float32, {1, H}))
+      scale_rows = 1;
+    else
+      return invalid_argument(op, "scale must be 2-D float32 [end - start, H] = [", range, ", ", H,
+                              "] or [1, ", H, "] (a smooth scale) when quant_mode=1, got ",
+                              describe(scale));
+  }
+  const bool has_offset = !is_absent(offset);
+  if (has_offset && q != 0)
+    return invalid_argument(op, "offset must be none unless quant_mode=0 (it is only used by "
+                            "static quantisation), got ", describe(offset), " with quant_mode=", q);
+  if (has_offset && !has_shape(offset, DType::float32, {1}))
+    return invalid_argument(op, "offset must be 1-D float32 [1] when quant_mode=0, got ",
+                            describe(offset));
+  const bool has_topk_weight = !is_absent(topk_weight);
+  if (has_topk_weight && !has_shape(topk_weight, DType::float32, {N, K}))
+    return invalid_argument(op, "topk_weight must be 2-D float32 [N, K] = [", N, ", ", K,
+                            "], got ", describe_optional(topk_weight));
+
+  MoeInitRoutingPlan result;
+  result.x_dtype = x.dtype;
+  result.num_rows = N;
+  result.top_k = K;
+  result.hidden = H;
+  result.expert_num = E;
+  result.drop_pad = drop_pad;
+  result.range_start = s;
+  result.range_end = e_end;
+  result.row_limit = attrs.active_num > 0 ? attrs.active_num : pairs;
+  result.quant_mode = q;
+  result.flavour = attrs.flavour;
+  result.row_idx_type = attrs.row_idx_type;
+  result.expert_tokens_num_type = type;
+  result.expert_tokens_num_flag = attrs.expert_tokens_num_flag;
+  result.has_scale = has_scale;
+  result.has_offset = has_offset;
+  result.has_topk_weight = has_topk_weight;
+  result.scale_rows = scale_rows;
+
+  const DType out_dtype = quantised ? DType::int8 : x.dtype;
+  int64_t rows = pairs;
+  if (drop_pad) {
+    const int64_t C = attrs.expert_capacity;
+    result.expert_capacity = C;
+    rows = checked_mul(E, C);
+    if (rows < 0 || checked_mul(rows, H) < 0)
+      return invalid_argument(op, "expanded_x would have more than 2^63 elements, got [", E, ", ",
+                              C, ", ", H, "]");
+    result.expanded_x = make_spec(true, out_dtype, {E, C, H});
+  } else {
+    MOE_ROUTING_RETURN_IF_ERROR(check_rows_fit(op, "expanded_x", pairs, H));
+    result.expanded_x = make_spec(true, out_dtype, {pairs, H});
+  }
+  result.expanded_row_idx = make_spec(true, DType::int32, {pairs});
+  if (attrs.expert_tokens_num_flag && type == 2)
+    result.expert_tokens_count_or_cumsum = make_spec(true, DType::int64, {E, 2});
+  else
+    result.expert_tokens_count_or_cumsum =
+        make_spec(attrs.expert_tokens_num_flag, DType::int64, {range});
+  result.expanded_scale = make_spec(q == 1 || (q == -1 && has_scale), DType::float32, {rows});
+  if (has_topk_weight)
+    result.expanded_topk_weight = make_spec(true, DType::float32, {rows, 1});
+  else
+    result.expanded_topk_weight = make_spec(false, DType::float32, {0});
+  *plan = result;
+  return Status::ok();
+}
+
+}  // namespace moe_routing

@@ -1,0 +1,177 @@
+// The reference implementation of the forward routing: kept plain on purpose (a stable comparison
+// sort and one loop per output). The CPU kernels, golden files and benchmark --verify are compared
+// against it bit for bit.
+#include "ops/moe_init_routing/reference.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu/float_env.h"
+#include "ops/moe_init_routing/quantize.h"
+
+namespace moe_routing::reference {
+namespace {
+
+using detail::CountFormat;
+using detail::RoutingProblem;
+
+/// Writes destination row `dest` of every row-shaped output from pair `p`, or zeros when p < 0.
+/// `f` is scratch of H floats (dynamic quantisation).
+void write_row(const RoutingProblem& pr, int64_t dest, int64_t p,
+               const quantize::StaticParams& static_params, std::vector<float>& f) {
+  const int64_t H = pr.hidden;
+  if (p < 0) {
+    const size_t out_size = pr.quant_mode == -1 ? dtype_size(pr.x_dtype) : 1;
+    if (H > 0)
+      std::memset(static_cast<char*>(pr.expanded_x) + size_t(dest * H) * out_size, 0,
+                  size_t(H) * out_size);
+    if (pr.expanded_scale != nullptr) pr.expanded_scale[dest] = 0.0f;
+    if (pr.expanded_topk_weight != nullptr) pr.expanded_topk_weight[dest] = 0.0f;
+    return;
+  }
+  const int64_t token = p / pr.top_k;
+  const int64_t expert = pr.expert_idx[p];
+  if (pr.quant_mode == -1) {
+    const size_t size = dtype_size(pr.x_dtype);
+    if (H > 0)
+      std::memcpy(static_cast<char*>(pr.expanded_x) + size_t(dest * H) * size,
+                  static_cast<const char*>(pr.x) + size_t(token * H) * size, size_t(H) * size);
+    if (pr.expanded_scale != nullptr) pr.expanded_scale[dest] = pr.scale[token];
+  } else if (pr.quant_mode == 0) {
+    int8_t* out = static_cast<int8_t*>(pr.expanded_x) + dest * H;
+    for (int64_t j = 0; j < H; ++j)
+      out[j] = quantize::static_quantize(load_as_float(pr.x, pr.x_dtype, token * H + j),
+                                         static_params);
+  } else {
+    // Dynamic: f = x (* smooth scale row of the pair's expert), sc from max |f|, q = f / sc.
+    for (int64_t j = 0; j < H; ++j) f[j] = load_as_float(pr.x, pr.x_dtype, token * H + j);
+    if (pr.scale != nullptr) {
+      const int64_t row = pr.scale_rows == 1 ? 0 : expert - pr.range_start;
+      for (int64_t j = 0; j < H; ++j) f[j] = f[j] * pr.scale[row * H + j];
+    }
+    float abs_max = 0.0f;
+    for (int64_t j = 0; j < H; ++j) abs_max = quantize::abs_max_step(abs_max, f[j]);
+    const float sc = quantize::dynamic_scale(abs_max, pr.flavour);
+    int8_t* out = static_cast<int8_t*>(pr.expanded_x) + dest * H;
+    for (int64_t j = 0; j < H; ++j) out[j] = quantize::dynamic_quantize(f[j], sc);
+    pr.expanded_scale[dest] = canonicalize_nan(sc);
+  }
+  if (pr.expanded_topk_weight != nullptr) pr.expanded_topk_weight[dest] = pr.topk_weight[p];
+}
+
+void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
+  if (pr.count_dtype == DType::int32)
+    static_cast<int32_t*>(pr.counts)[index] = int32_t(value);
+  else
+    static_cast<int64_t*>(pr.counts)[index] = value;
+}
+
+}  // namespace
+
+void moe_init_routing(const RoutingProblem& pr) {
+  cpu::DefaultFloatEnvironment float_environment;
+  const int64_t P = pr.pairs();
+  auto routed = [&](int64_t p) {
+    const int64_t id = pr.expert_idx[p];
+    return id >= pr.range_start && id < pr.range_end;
+  };
+
+  // 1. The routed pairs, sorted stably by expert id: ties keep ascending flat position.
+  std::vector<int64_t> order;
+  for (int64_t p = 0; p < P; ++p)
+    if (routed(p)) order.push_back(p);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return pr.expert_idx[a] < pr.expert_idx[b]; });
+  const int64_t num_routed = int64_t(order.size());
+
+  // 2. row_idx_type 1 tail, as the CANN golden builds it: ids below the range become INT32_MAX,
+  //    then the pairs not routed are sorted stably by that key.
+  std::vector<int64_t> tail;
+  if (!pr.drop_pad && pr.row_idx_type == 1) {
+    for (int64_t p = 0; p < P; ++p)
+      if (!routed(p)) tail.push_back(p);
+    auto golden_key = [&](int64_t p) -> int64_t {
+      const int64_t id = pr.expert_idx[p];
+      return id < pr.range_start ? int64_t(std::numeric_limits<int32_t>::max()) : id;
+    };
+    std::stable_sort(tail.begin(), tail.end(),
+                     [&](int64_t a, int64_t b) { return golden_key(a) < golden_key(b); });
+  }
+
+  // 3. Per-expert counts over the range (all routed pairs).
+  std::vector<int64_t> count;
+  if (pr.needs_counts()) {
+    count.assign(size_t(pr.range_end - pr.range_start), 0);
+    for (int64_t p : order) ++count[size_t(pr.expert_idx[p] - pr.range_start)];
+  }
+
+  // 4. Drop-pad: the c-th pair (in sorted order) of expert e takes slot e*C + c if c < C.
+  std::vector<int64_t> slot_source;
+  std::vector<int32_t> drop_pad_row_idx;
+  if (pr.drop_pad) {
+    const int64_t C = pr.expert_capacity;
+    slot_source.assign(size_t(pr.expanded_rows), -1);
+    drop_pad_row_idx.assign(size_t(P), -1);
+    std::vector<int64_t> filled(size_t(pr.expert_num), 0);
+    for (int64_t p : order) {
+      const int64_t e = pr.expert_idx[p];
+      const int64_t c = filled[size_t(e)]++;
+      if (c >= C) continue;
+      slot_source[size_t(e * C + c)] = p;
+      drop_pad_row_idx[size_t(p)] = int32_t(e * C + c);
+    }
+  }
+  std::vector<float> scratch(size_t(pr.quant_mode == 1 ? pr.hidden : 0));
+  quantize::StaticParams static_params;
+  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
+
+  // Every allocation is done; from here on the outputs are written.
+  if (pr.drop_pad) {
+    for (int64_t p = 0; p < P; ++p) pr.expanded_row_idx[p] = drop_pad_row_idx[size_t(p)];
+    for (int64_t slot = 0; slot < pr.expanded_rows; ++slot)
+      write_row(pr, slot, slot_source[size_t(slot)], static_params, scratch);
+  } else {
+    if (pr.row_idx_type == 0) {
+      for (int64_t p = 0; p < P; ++p) pr.expanded_row_idx[p] = -1;
+      for (int64_t d = 0; d < num_routed; ++d) pr.expanded_row_idx[order[size_t(d)]] = int32_t(d);
+    } else {
+      for (int64_t d = 0; d < num_routed; ++d) pr.expanded_row_idx[d] = int32_t(order[size_t(d)]);
+      for (size_t j = 0; j < tail.size(); ++j)
+        pr.expanded_row_idx[num_routed + int64_t(j)] = int32_t(tail[j]);
+    }
+    const int64_t rows_with_data = std::min(pr.row_limit, num_routed);
+    for (int64_t d = 0; d < pr.expanded_rows; ++d)
+      write_row(pr, d, d < rows_with_data ? order[size_t(d)] : -1, static_params, scratch);
+  }
+
+  const int64_t range = pr.range_end - pr.range_start;
+  switch (pr.count_format) {
+    case CountFormat::none: break;
+    case CountFormat::cumsum: {
+      int64_t running = 0;
+      for (int64_t j = 0; j < range; ++j) write_count(pr, j, running += count[size_t(j)]);
+      break;
+    }
+    case CountFormat::count:
+      for (int64_t j = 0; j < range; ++j) write_count(pr, j, count[size_t(j)]);
+      break;
+    case CountFormat::key_value: {
+      int64_t row = 0;
+      for (int64_t j = 0; j < range; ++j) {
+        if (count[size_t(j)] == 0) continue;
+        write_count(pr, 2 * row, pr.range_start + j);
+        write_count(pr, 2 * row + 1, count[size_t(j)]);
+        ++row;
+      }
+      for (; row < pr.expert_num; ++row) {
+        write_count(pr, 2 * row, 0);
+        write_count(pr, 2 * row + 1, 0);
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace moe_routing::reference

@@ -1,0 +1,61 @@
+// What a forward routing backend sees: both entry points (moe_init_routing_v2 and
+// moe_init_routing) reduce to this one description, so the reference and the CPU kernels are
+// written once for both.
+#pragma once
+
+#include <cstdint>
+
+#include "moe_routing/moe_init_routing.h"
+
+namespace moe_routing::detail {
+
+/// How the per-expert counts over [range_start, range_end) are written.
+enum class CountFormat : int32_t {
+  none = 0,
+  cumsum = 1,     // [range] inclusive prefix sum
+  count = 2,      // [range]
+  key_value = 3,  // [expert_num, 2]: [id, count] for count > 0 in ascending id, then [0, 0]
+};
+
+struct RoutingProblem {
+  // Sizes.
+  int64_t num_rows = 0;  // N
+  int64_t top_k = 0;     // K
+  int64_t hidden = 0;    // H
+  DType x_dtype = DType::float32;
+
+  // Routing. Pair p is routed iff range_start <= expert_idx[p] < range_end.
+  int64_t range_start = 0;
+  int64_t range_end = 0;
+  bool drop_pad = false;
+  int64_t expert_num = 0;       // E (drop-pad, key_value)
+  int64_t expert_capacity = 0;  // C (drop-pad)
+  /// Dropless: rows d < min(row_limit, routed pairs) hold data, rows up to expanded_rows are zero.
+  int64_t row_limit = 0;
+  int64_t expanded_rows = 0;  // dropless: rows of expanded_x; drop-pad: E*C
+  int64_t row_idx_type = 0;   // 0 gather, 1 scatter (dropless only)
+  int64_t quant_mode = -1;    // -1, 0, 1
+  QuantFlavour flavour = QuantFlavour::atlas_a2;
+
+  // Inputs (CPU pointers, already validated).
+  const void* x = nullptr;              // [N, H] x_dtype
+  const int32_t* expert_idx = nullptr;  // [N*K]
+  const float* scale = nullptr;         // q -1: [N]; q 0: [1]; q 1: [scale_rows, H]; or null
+  int64_t scale_rows = 0;               // q 1: 1 (broadcast) or range_end - range_start
+  const float* offset = nullptr;        // q 0: [1] or null (= 0)
+  const float* topk_weight = nullptr;   // [N*K] or null
+
+  // Outputs; a null pointer means "not written".
+  void* expanded_x = nullptr;            // [expanded_rows, H] x_dtype (q -1) or int8
+  int32_t* expanded_row_idx = nullptr;   // [N*K]
+  float* expanded_scale = nullptr;       // [expanded_rows]
+  float* expanded_topk_weight = nullptr; // [expanded_rows]
+  CountFormat count_format = CountFormat::none;
+  DType count_dtype = DType::int64;      // int32 (V2) or int64 (torch API)
+  void* counts = nullptr;
+
+  int64_t pairs() const { return num_rows * top_k; }
+  bool needs_counts() const { return count_format != CountFormat::none || drop_pad; }
+};
+
+}  // namespace moe_routing::detail

@@ -1,0 +1,188 @@
+// Helpers for the forward routing tests: owning tensors, running moe_init_routing(_v2) with
+// outputs allocated from the inferred plan (poisoned first, so unwritten elements show), and
+// byte-exact comparison of every output.
+#pragma once
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace moe_routing::testing {
+
+/// An owning, contiguous tensor; `present == false` stands for an absent optional input.
+struct Tensor {
+  bool present = false;
+  DType dtype = DType::float32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+
+  Tensor() = default;
+  Tensor(DType dtype_, std::vector<int64_t> shape_) : present(true), dtype(dtype_), shape(std::move(shape_)) {
+    bytes.assign(size_t(numel()) * dtype_size(dtype), 0);
+  }
+  static Tensor from_spec(const OutputSpec& spec) {
+    return Tensor(spec.dtype, std::vector<int64_t>(spec.shape, spec.shape + spec.ndim));
+  }
+  /// Floating tensor from float values (narrowed with RNE).
+  static Tensor floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) {
+    Tensor t(dtype, std::move(shape));
+    for (size_t i = 0; i < values.size(); ++i) store_from_float(t.bytes.data(), dtype, int64_t(i), values[i]);
+    return t;
+  }
+  static Tensor int32s(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+    Tensor t(DType::int32, std::move(shape));
+    if (!values.empty()) std::memcpy(t.bytes.data(), values.data(), values.size() * sizeof(int32_t));
+    return t;
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d < 0 ? 0 : d;
+    return n;
+  }
+  template <typename T>
+  T* as() { return reinterpret_cast<T*>(bytes.data()); }
+  template <typename T>
+  const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
+  template <typename T>
+  std::vector<T> values() const { return std::vector<T>(as<T>(), as<T>() + numel()); }
+  /// Element i of a floating tensor widened to float32.
+  float at(int64_t i) const { return load_as_float(bytes.data(), dtype, i); }
+  std::vector<float> float_values() const {
+    std::vector<float> v;
+    for (int64_t i = 0; i < numel(); ++i) v.push_back(at(i));
+    return v;
+  }
+  void poison(uint8_t byte = 0x5A) {
+    if (!bytes.empty()) std::memset(bytes.data(), byte, bytes.size());
+  }
+  TensorView view() {
+    if (!present) return TensorView();
+    // A non-null pointer even for empty tensors (std::vector::data() may be null then).
+    void* data = bytes.empty() ? static_cast<void*>(&empty_storage) : bytes.data();
+    return TensorView(data, dtype, int(shape.size()), shape.data());
+  }
+
+ private:
+  uint64_t empty_storage = 0;
+};
+
+/// Byte-exact comparison with a report of the first difference.
+inline ::testing::AssertionResult same_tensor(const Tensor& expected, const Tensor& got) {
+  if (expected.present != got.present || expected.dtype != got.dtype || expected.shape != got.shape)
+    return ::testing::AssertionFailure() << "presence/dtype/shape differ";
+  for (size_t i = 0; i < expected.bytes.size(); ++i)
+    if (expected.bytes[i] != got.bytes[i]) {
+      size_t differing = 0;
+      for (size_t j = i; j < expected.bytes.size(); ++j) differing += expected.bytes[j] != got.bytes[j];
+      const size_t element = i / dtype_size(expected.dtype);
+      return ::testing::AssertionFailure() << differing << " bytes differ; first in element " << element
+                                           << " (byte " << i << "): expected 0x" << std::hex
+                                           << int(expected.bytes[i]) << ", got 0x" << int(got.bytes[i]);
+    }
+  return ::testing::AssertionSuccess();
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_init_routing (torch API / V4)
+// ---------------------------------------------------------------------------------------------
+
+struct ForwardCase {
+  Tensor x, expert_idx, scale, offset, topk_weight;
+  MoeInitRoutingAttrs attrs;
+};
+
+struct ForwardResult {
+  Status status;
+  MoeInitRoutingPlan plan;
+  Tensor expanded_x, expanded_row_idx, counts, expanded_scale, expanded_topk_weight;
+};
+
+/// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
+inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
+  ForwardResult r;
+  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
+                                    c.topk_weight.view(), c.attrs, &r.plan);
+  if (!r.status.is_ok()) return r;
+  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
+                       &r.expanded_topk_weight};
+  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
+                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expanded_scale,
+                               &r.plan.expanded_topk_weight};
+  for (int i = 0; i < 5; ++i)
+    if (specs[i]->produced) {
+      *outputs[i] = Tensor::from_spec(*specs[i]);
+      outputs[i]->poison();
+    }
+  r.status = moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
+                              c.topk_weight.view(), c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(),
+                              r.counts.view(), r.expanded_scale.view(), r.expanded_topk_weight.view(),
+                              runner.config());
+  return r;
+}
+
+inline ::testing::AssertionResult same_result(const ForwardResult& a, const ForwardResult& b) {
+  if (a.status.code() != b.status.code())
+    return ::testing::AssertionFailure() << "status " << a.status.message() << " vs " << b.status.message();
+  const char* names[] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
+                         "expanded_topk_weight"};
+  const Tensor* left[] = {&a.expanded_x, &a.expanded_row_idx, &a.counts, &a.expanded_scale,
+                          &a.expanded_topk_weight};
+  const Tensor* right[] = {&b.expanded_x, &b.expanded_row_idx, &b.counts, &b.expanded_scale,
+                           &b.expanded_topk_weight};
+  for (int i = 0; i < 5; ++i) {
+    ::testing::AssertionResult same = same_tensor(*left[i], *right[i]);
+    if (!same) return ::testing::AssertionFailure() << names[i] << ": " << same.message();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// ---------------------------------------------------------------------------------------------
+// moe_init_routing_v2
+// ---------------------------------------------------------------------------------------------
+
+struct V2Case {
+  Tensor x, expert_idx;
+  MoeInitRoutingV2Attrs attrs;
+};
+
+struct V2Result {
+  Status status;
+  MoeInitRoutingV2Plan plan;
+  Tensor expanded_x, expanded_row_idx, counts, before_capacity;
+};
+
+inline V2Result run_v2(V2Case& c, const Runner& runner) {
+  V2Result r;
+  r.status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r.plan);
+  if (!r.status.is_ok()) return r;
+  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
+  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
+                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expert_tokens_before_capacity};
+  for (int i = 0; i < 4; ++i)
+    if (specs[i]->produced) {
+      *outputs[i] = Tensor::from_spec(*specs[i]);
+      outputs[i]->poison();
+    }
+  r.status = moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, r.expanded_x.view(),
+                                 r.expanded_row_idx.view(), r.counts.view(), r.before_capacity.view(),
+                                 runner.config());
+  return r;
+}
+
+inline ::testing::AssertionResult same_result(const V2Result& a, const V2Result& b) {
+  if (a.status.code() != b.status.code())
+    return ::testing::AssertionFailure() << "status " << a.status.message() << " vs " << b.status.message();
+  const char* names[] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum",
+                         "expert_tokens_before_capacity"};
+  const Tensor* left[] = {&a.expanded_x, &a.expanded_row_idx, &a.counts, &a.before_capacity};
+  const Tensor* right[] = {&b.expanded_x, &b.expanded_row_idx, &b.counts, &b.before_capacity};
+  for (int i = 0; i < 4; ++i) {
+    ::testing::AssertionResult same = same_tensor(*left[i], *right[i]);
+    if (!same) return ::testing::AssertionFailure() << names[i] << ": " << same.message();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace moe_routing::testing

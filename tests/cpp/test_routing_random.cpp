@@ -1,0 +1,505 @@
+// Random forward cases: the CPU kernels equal the reference byte for byte for every dtype x
+// scenario x flags at several thread counts; the adjoint identity <fwd(x), g> == <x, grad(g)>
+// for every non-quantised configuration; the counting sort on its own; empty inputs; huge ids
+// (the radix path); not-produced outputs passed with data are zero-filled.
+#include <algorithm>
+#include <limits>
+#include <numeric>
+
+#include "cpu/routing_sort.h"
+#include "routing_cases.h"
+
+namespace moe_routing {
+namespace {
+
+using testing::ForwardCase;
+using testing::ForwardResult;
+using testing::Random;
+using testing::Tensor;
+using testing::V2Case;
+using testing::V2Result;
+
+const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
+
+enum class Scenario { dropless, partial_range, active, drop_pad };
+const Scenario kScenarios[] = {Scenario::dropless, Scenario::partial_range, Scenario::active, Scenario::drop_pad};
+const char* scenario_name(Scenario s) {
+  switch (s) {
+    case Scenario::dropless: return "dropless";
+    case Scenario::partial_range: return "partial_range";
+    case Scenario::active: return "active";
+    case Scenario::drop_pad: return "drop_pad";
+  }
+  return "?";
+}
+
+/// Values spread over binades (integer_values: small integers, for exact dot products).
+std::vector<float> random_values(Random& rng, int64_t n, bool integer_values) {
+  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
+  for (float& f : v) f = integer_values ? float(rng.integer(-3, 3)) : rng.uniform(int(rng.integer(-8, 8)));
+  return v;
+}
+
+ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant, int64_t row_idx_type,
+                              bool integer_values) {
+  ForwardCase c;
+  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19), E = rng.integer(1, 12);
+  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));  // -1 and E are never routed
+  c.expert_idx = Tensor::int32s({N, K}, ids);
+  MoeInitRoutingAttrs& a = c.attrs;
+  a.expert_num = E;
+  a.quant_mode = quant;
+  a.row_idx_type = row_idx_type;
+  a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
+  a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
+  a.expert_tokens_num_type = rng.integer(0, 2);
+  int64_t range = E;
+  if (scenario == Scenario::partial_range) {
+    const int64_t s = rng.integer(0, E - 1), e = rng.integer(s + 1, E);
+    a.has_active_expert_range = true;
+    a.active_expert_range = {s, e};
+    range = e - s;
+  }
+  if (scenario == Scenario::active) a.active_num = rng.integer(1, N * K + 2);
+  if (scenario == Scenario::drop_pad) {
+    a.drop_pad_mode = 1;
+    a.expert_capacity = rng.integer(1, N);
+  }
+  if (rng.integer(0, 1)) c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
+  if (quant == -1 && rng.integer(0, 1)) c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
+  if (quant == 0) {
+    c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
+    if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(4)});
+  }
+  if (quant == 1 && rng.integer(0, 2) != 0) {
+    const int64_t rows = rng.integer(0, 1) ? range : 1;
+    c.scale = Tensor::floats(DType::float32, {rows, H}, random_values(rng, rows * H, false));
+  }
+  return c;
+}
+
+V2Case make_v2_case(Random& rng, DType dtype, int mode, bool integer_values) {
+  V2Case c;
+  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19), E = rng.integer(1, 12);
+  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(0, E - 1));
+  c.expert_idx = Tensor::int32s({N, K}, ids);
+  c.attrs.expert_num = E;
+  c.attrs.expert_tokens_count_or_cumsum_flag = rng.integer(0, 2);
+  c.attrs.expert_tokens_before_capacity_flag = rng.integer(0, 1) != 0;
+  if (mode == 1) c.attrs.active_num = rng.integer(1, N * K + 2);
+  if (mode == 2) {
+    c.attrs.drop_pad_mode = 1;
+    c.attrs.expert_capacity = rng.integer(1, N);
+  }
+  return c;
+}
+
+// --- CPU == reference -------------------------------------------------------------------------
+
+TEST(RoutingRandom, TorchApiMatchesTheReferenceForEveryConfiguration) {
+  Random rng(20261201);
+  const auto runners = testing::all_runners();
+  int checked = 0;
+  for (DType dtype : kDtypes)
+    for (Scenario scenario : kScenarios)
+      for (int64_t quant : {-1, 0, 1})
+        for (int64_t row_idx_type : {0, 1})
+          for (int repeat = 0; repeat < 2; ++repeat) {
+            if (scenario == Scenario::drop_pad && (quant != -1 || row_idx_type != 0)) continue;
+            ForwardCase c = make_forward_case(rng, dtype, scenario, quant, row_idx_type, false);
+            SCOPED_TRACE(::testing::Message()
+                         << dtype_name(dtype) << ' ' << scenario_name(scenario) << " quant " << quant
+                         << " row_idx_type " << row_idx_type << " N=" << c.x.shape[0] << " K="
+                         << c.expert_idx.shape[1] << " H=" << c.x.shape[1] << " E=" << c.attrs.expert_num);
+            ForwardResult expected = testing::run_forward(c, runners[0]);
+            ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+            for (size_t r = 1; r < runners.size(); ++r)
+              EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, runners[r]))) << runners[r].name();
+            ++checked;
+          }
+  EXPECT_GT(checked, 100);
+}
+
+TEST(RoutingRandom, V2MatchesTheReferenceForEveryConfiguration) {
+  Random rng(7);
+  const auto runners = testing::all_runners();
+  for (DType dtype : kDtypes)
+    for (int mode : {0, 1, 2})
+      for (int repeat = 0; repeat < 4; ++repeat) {
+        V2Case c = make_v2_case(rng, dtype, mode, false);
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " mode " << mode << " repeat " << repeat);
+        V2Result expected = testing::run_v2(c, runners[0]);
+        ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+        for (size_t r = 1; r < runners.size(); ++r)
+          EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r]))) << runners[r].name();
+      }
+}
+
+TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
+  // Enough pairs for several sort blocks and key blocks; fp16 rows, partial range, both row_idx_types.
+  Random rng(11);
+  const int64_t N = 4099, K = 8, H = 5, E = 37;
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));
+  for (int64_t row_idx_type : {0, 1})
+    for (int64_t quant : {-1, 1}) {
+      ForwardCase c;
+      c.x = Tensor::floats(DType::float16, {N, H}, random_values(rng, N * H, false));
+      c.expert_idx = Tensor::int32s({N, K}, ids);
+      c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
+      c.attrs.expert_num = E;
+      c.attrs.has_active_expert_range = true;
+      c.attrs.active_expert_range = {3, 30};
+      c.attrs.row_idx_type = row_idx_type;
+      c.attrs.quant_mode = quant;
+      c.attrs.expert_tokens_num_flag = true;
+      c.attrs.active_num = 20000;
+      ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
+      ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+      for (int threads : {1, 2, 3, 8, 16})
+        EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads})))
+            << threads << " threads, row_idx_type " << row_idx_type << " quant " << quant;
+    }
+  V2Case v2;
+  v2.x = Tensor::floats(DType::bfloat16, {N, H}, random_values(rng, N * H, false));
+  std::vector<int32_t> v2_ids(size_t(N * K));
+  for (int32_t& id : v2_ids) id = int32_t(rng.integer(0, E - 1));
+  v2.expert_idx = Tensor::int32s({N, K}, v2_ids);
+  v2.attrs.drop_pad_mode = 1;
+  v2.attrs.expert_num = E;
+  v2.attrs.expert_capacity = 700;
+  v2.attrs.expert_tokens_before_capacity_flag = true;
+  V2Result expected = testing::run_v2(v2, {Backend::reference, CpuIsa::automatic, 1});
+  ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+  for (int threads : {1, 2, 3, 8, 16})
+    EXPECT_TRUE(testing::same_result(expected, testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic, threads})))
+        << threads << " threads (V2 drop-pad)";
+}
+
+// --- huge ids: the two-pass radix path --------------------------------------------------------
+
+TEST(RoutingRandom, HugeIdsTakeTheRadixPathAndMatchTheReference) {
+  Random rng(5);
+  const auto runners = testing::all_runners();
+  const int32_t int_max = std::numeric_limits<int32_t>::max(), int_min = std::numeric_limits<int32_t>::min();
+  const int64_t N = 2500, K = 4, H = 2;
+  // V2 without counts: ids need only be >= 0, so the key range is max id + 1 (> 2^16).
+  {
+    const int32_t choices[] = {0, 5, 70000, int_max, 123456789, 65535, 65536};
+    std::vector<int32_t> ids(size_t(N * K));
+    for (int32_t& id : ids) id = choices[rng.integer(0, 6)];
+    V2Case c;
+    c.x = Tensor::floats(DType::float32, {N, H}, random_values(rng, N * H, false));
+    c.expert_idx = Tensor::int32s({N, K}, ids);
+    c.attrs.active_num = 9000;
+    V2Result expected = testing::run_v2(c, runners[0]);
+    ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+    for (size_t r = 1; r < runners.size(); ++r)
+      EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r]))) << runners[r].name();
+  }
+  // V2 with counts over 100000 experts (range > 2^16, totals from the sorted keys).
+  {
+    std::vector<int32_t> ids(size_t(N * K));
+    for (int32_t& id : ids) id = int32_t(rng.integer(0, 99999));
+    V2Case c;
+    c.x = Tensor::floats(DType::float32, {N, H}, random_values(rng, N * H, false));
+    c.expert_idx = Tensor::int32s({N, K}, ids);
+    c.attrs.expert_num = 100000;
+    c.attrs.expert_tokens_count_or_cumsum_flag = 1;
+    V2Result expected = testing::run_v2(c, runners[0]);
+    ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+    for (size_t r = 1; r < runners.size(); ++r)
+      EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r]))) << runners[r].name();
+  }
+  // Torch API, row_idx_type 1: the tail sorts huge ids above the range; with an id of INT32_MAX the
+  // ids below the range tie with it (the golden maps them to INT32_MAX) and keep position order.
+  for (bool with_int_max : {true, false})
+    for (int64_t count_type : {0, 2}) {
+      const int32_t choices[] = {int_min, -1, 0, 3, 7, 99999, 80000, 1 << 20, with_int_max ? int_max : 1 << 24};
+      std::vector<int32_t> ids(size_t(N * K));
+      for (int32_t& id : ids) id = choices[rng.integer(0, 8)];
+      ForwardCase c;
+      c.x = Tensor::floats(DType::float32, {N, H}, random_values(rng, N * H, false));
+      c.expert_idx = Tensor::int32s({N, K}, ids);
+      c.attrs.expert_num = 100000;
+      c.attrs.has_active_expert_range = true;
+      c.attrs.active_expert_range = {3, 99999};
+      c.attrs.row_idx_type = 1;
+      c.attrs.expert_tokens_num_flag = true;
+      c.attrs.expert_tokens_num_type = count_type;
+      ForwardResult expected = testing::run_forward(c, runners[0]);
+      ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+      for (size_t r = 1; r < runners.size(); ++r)
+        EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, runners[r])))
+            << runners[r].name() << (with_int_max ? " with INT32_MAX" : "");
+    }
+}
+
+TEST(RoutingRandom, CountingSortIsStableAndThreadIndependent) {
+  Random rng(3);
+  for (uint64_t range : {uint64_t(1), uint64_t(7), uint64_t(65536), uint64_t(65537), uint64_t(1) << 31}) {
+    const int64_t n = 50000;
+    std::vector<uint32_t> keys(static_cast<size_t>(n));
+    for (uint32_t& k : keys)
+      k = rng.integer(0, 9) == 0 ? cpu::kNotRouted : uint32_t(rng.integer(0, int64_t(std::min<uint64_t>(range, 40)) - 1) *
+                                                           (range / std::min<uint64_t>(range, 40)));
+    std::vector<int32_t> expected;
+    for (int64_t p = 0; p < n; ++p)
+      if (keys[size_t(p)] != cpu::kNotRouted) expected.push_back(int32_t(p));
+    std::stable_sort(expected.begin(), expected.end(), [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
+    std::vector<int64_t> expected_totals(size_t(std::min<uint64_t>(range, 1 << 20)), 0);
+    const bool with_totals = range <= (uint64_t(1) << 20);
+    if (with_totals)
+      for (int32_t p : expected) ++expected_totals[keys[size_t(p)]];
+    for (int threads : {1, 2, 3, 8}) {
+      std::vector<int32_t> order(size_t(n), -7), scratch(static_cast<size_t>(n));
+      std::vector<int64_t> totals(expected_totals.size(), -7);
+      std::vector<int32_t> rank(size_t(n), -7), expected_rank(size_t(n), -1);
+      for (size_t d = 0; d < expected.size(); ++d) expected_rank[size_t(expected[d])] = int32_t(d);
+      const int64_t m = cpu::stable_counting_sort(keys.data(), n, range, threads, order.data(), scratch.data(),
+                                                  with_totals ? totals.data() : nullptr, rank.data());
+      ASSERT_EQ(m, int64_t(expected.size())) << "range " << range << ", " << threads << " threads";
+      EXPECT_EQ(rank, expected_rank) << "range " << range << ", " << threads << " threads";
+      order.resize(size_t(m));
+      EXPECT_EQ(order, expected) << "range " << range << ", " << threads << " threads";
+      if (with_totals) {
+        EXPECT_EQ(totals, expected_totals) << "range " << range << ", " << threads << " threads";
+      }
+    }
+  }
+}
+
+// --- the adjoint identity ---------------------------------------------------------------------
+
+double dot(const Tensor& a, const Tensor& b, int64_t count) {
+  double sum = 0;
+  for (int64_t i = 0; i < count; ++i) sum += double(a.at(i)) * double(b.at(i));
+  return sum;
+}
+
+/// Runs moe_init_routing_grad(g) in the scenario that matches the forward and returns <x, grad_x>.
+double backward_dot(const Tensor& x, Tensor& g, const std::vector<int32_t>& gather_row_idx, int64_t top_k,
+                    int64_t drop_pad_mode, int64_t active_num, std::vector<int64_t> grad_shape) {
+  const int64_t N = x.shape[0], H = x.shape[1];
+  Tensor grad_x(x.dtype, {N, H});
+  grad_x.poison();
+  std::vector<int32_t> idx = gather_row_idx;
+  MoeInitRoutingGradAttrs attrs{top_k, drop_pad_mode, active_num};
+  Status s = moe_init_routing_grad(TensorView(g.bytes.data(), g.dtype, int(grad_shape.size()), grad_shape.data()),
+                                   TensorView(idx.data(), DType::int32, {int64_t(idx.size())}), attrs,
+                                   grad_x.view());
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  return dot(x, grad_x, N * H);
+}
+
+TEST(RoutingRandom, AdjointIdentityHoldsForEveryNonQuantisedTorchApiConfiguration) {
+  Random rng(17);
+  int nonzero = 0, total = 0;
+  for (DType dtype : kDtypes)
+    for (Scenario scenario : kScenarios)
+      for (int64_t row_idx_type : {0, 1})
+        for (int repeat = 0; repeat < 3; ++repeat) {
+          if (scenario == Scenario::drop_pad && row_idx_type != 0) continue;
+          ForwardCase c = make_forward_case(rng, dtype, scenario, -1, row_idx_type, true);
+          if (repeat == 2 && scenario != Scenario::drop_pad) {
+            // Partial range together with active_num truncation.
+            c.attrs.has_active_expert_range = true;
+            c.attrs.active_expert_range = {0, std::max<int64_t>(1, c.attrs.expert_num / 2)};
+            c.attrs.active_num = rng.integer(1, 4);
+            c.scale = Tensor();
+          }
+          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ' ' << scenario_name(scenario)
+                                            << " row_idx_type " << row_idx_type << " repeat " << repeat);
+          for (const testing::Runner& runner : {testing::all_runners()[0], testing::all_runners().back()}) {
+            ForwardResult r = testing::run_forward(c, runner);
+            ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+            const int64_t N = c.x.shape[0], K = c.expert_idx.shape[1], H = c.x.shape[1];
+            Tensor g = Tensor::floats(dtype, r.expanded_x.shape, random_values(rng, r.expanded_x.numel(), true));
+            const double forward = dot(r.expanded_x, g, g.numel());
+
+            // Routed pairs and the rows that hold data.
+            const std::vector<int32_t> ids = c.expert_idx.values<int32_t>();
+            const int64_t s = r.plan.range_start, e = r.plan.range_end;
+            const int64_t routed = std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return id >= s && id < e; });
+            std::vector<int32_t> gather = r.expanded_row_idx.values<int32_t>();
+            if (row_idx_type == 1) {  // scatter -> gather: entry d < routed holds the flat position
+              std::vector<int32_t> converted(gather.size(), -1);
+              for (int64_t d = 0; d < routed; ++d) converted[size_t(gather[size_t(d)])] = int32_t(d);
+              gather = converted;
+            }
+            double backward;
+            if (c.attrs.drop_pad_mode == 1) {
+              backward = backward_dot(c.x, g, gather, K, 1, 0, {c.attrs.expert_num, c.attrs.expert_capacity, H});
+            } else {
+              const int64_t rows = std::min(r.plan.row_limit, routed);
+              if (rows < routed)  // cut by active_num: the active scenario skips indices >= rows
+                backward = backward_dot(c.x, g, gather, K, 0, rows, {rows, H});
+              else
+                backward = backward_dot(c.x, g, gather, K, 0, 0, {N * K, H});
+            }
+            EXPECT_EQ(forward, backward) << runner.name();
+            nonzero += forward != 0;
+            ++total;
+          }
+        }
+  EXPECT_GT(nonzero, total / 2);
+}
+
+TEST(RoutingRandom, AdjointIdentityHoldsForEveryV2Configuration) {
+  Random rng(23);
+  int nonzero = 0, total = 0;
+  for (DType dtype : kDtypes)
+    for (int mode : {0, 1, 2})
+      for (int repeat = 0; repeat < 4; ++repeat) {
+        V2Case c = make_v2_case(rng, dtype, mode, true);
+        for (const testing::Runner& runner : {testing::all_runners()[0], testing::all_runners().back()}) {
+          V2Result r = testing::run_v2(c, runner);
+          ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+          const int64_t K = c.expert_idx.shape[1], H = c.x.shape[1];
+          Tensor g = Tensor::floats(dtype, r.expanded_x.shape, random_values(rng, r.expanded_x.numel(), true));
+          const double forward = dot(r.expanded_x, g, g.numel());
+          const std::vector<int32_t> row_idx = r.expanded_row_idx.values<int32_t>();
+          double backward;
+          if (mode == 2)
+            backward = backward_dot(c.x, g, row_idx, K, 1, 0, {c.attrs.expert_num, c.attrs.expert_capacity, H});
+          else
+            backward = backward_dot(c.x, g, row_idx, K, 0, c.attrs.active_num, {r.expanded_x.shape[0], H});
+          EXPECT_EQ(forward, backward) << dtype_name(dtype) << " mode " << mode << " on " << runner.name();
+          nonzero += forward != 0;
+          ++total;
+        }
+      }
+  EXPECT_GT(nonzero, total / 2);
+}
+
+// --- empty inputs and not-produced outputs ------------------------------------------------------
+
+TEST(RoutingRandom, EmptyInputsGiveShapedOutputsAndZeroCounts) {
+  for (const testing::Runner& runner : testing::all_runners()) {
+    SCOPED_TRACE(runner.name());
+    // V2, N = 0, dropless with counts.
+    V2Case a;
+    a.x = Tensor(DType::float16, {0, 4});
+    a.expert_idx = Tensor(DType::int32, {0, 2});
+    a.attrs.expert_num = 3;
+    a.attrs.expert_tokens_count_or_cumsum_flag = 2;
+    V2Result ra = testing::run_v2(a, runner);
+    ASSERT_TRUE(ra.status.is_ok()) << ra.status.message();
+    EXPECT_EQ(ra.expanded_x.shape, (std::vector<int64_t>{0, 4}));
+    EXPECT_EQ(ra.expanded_row_idx.shape, (std::vector<int64_t>{0}));
+    EXPECT_EQ(ra.counts.values<int32_t>(), (std::vector<int32_t>{0, 0, 0}));
+    // V2, N = 0, drop-pad (valid: expert_capacity <= N is only checked for N > 0).
+    V2Case b = a;
+    b.attrs.drop_pad_mode = 1;
+    b.attrs.expert_capacity = 2;
+    b.attrs.expert_tokens_before_capacity_flag = true;
+    V2Result rb = testing::run_v2(b, runner);
+    ASSERT_TRUE(rb.status.is_ok()) << rb.status.message();
+    EXPECT_EQ(rb.expanded_x.shape, (std::vector<int64_t>{3, 2, 4}));
+    EXPECT_EQ(rb.expanded_x.float_values(), std::vector<float>(24, 0.0f));
+    EXPECT_EQ(rb.before_capacity.values<int32_t>(), (std::vector<int32_t>{0, 0, 0}));
+    // V2, K = 0.
+    V2Case k0;
+    k0.x = Tensor::floats(DType::float32, {3, 2}, {1, 2, 3, 4, 5, 6});
+    k0.expert_idx = Tensor(DType::int32, {3, 0});
+    k0.attrs.expert_num = 2;
+    k0.attrs.expert_tokens_count_or_cumsum_flag = 1;
+    V2Result rk = testing::run_v2(k0, runner);
+    ASSERT_TRUE(rk.status.is_ok()) << rk.status.message();
+    EXPECT_EQ(rk.expanded_x.shape, (std::vector<int64_t>{0, 2}));
+    EXPECT_EQ(rk.counts.values<int32_t>(), (std::vector<int32_t>{0, 0}));
+    // Torch API, N = 0, every count type, dynamic quant.
+    for (int64_t type : {0, 1, 2}) {
+      ForwardCase c;
+      c.x = Tensor(DType::bfloat16, {0, 3});
+      c.expert_idx = Tensor(DType::int32, {0, 4});
+      c.topk_weight = Tensor(DType::float32, {0, 4});
+      c.attrs.expert_num = 5;
+      c.attrs.quant_mode = 1;
+      c.attrs.expert_tokens_num_flag = true;
+      c.attrs.expert_tokens_num_type = type;
+      ForwardResult r = testing::run_forward(c, runner);
+      ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+      EXPECT_EQ(r.expanded_x.shape, (std::vector<int64_t>{0, 3}));
+      EXPECT_EQ(r.expanded_scale.shape, (std::vector<int64_t>{0}));
+      EXPECT_EQ(r.expanded_topk_weight.shape, (std::vector<int64_t>{0, 1}));
+      EXPECT_EQ(r.counts.values<int64_t>(), std::vector<int64_t>(type == 2 ? 10 : 5, 0)) << "type " << type;
+    }
+    // Torch API, N = 0, drop-pad: every slot zero.
+    ForwardCase d;
+    d.x = Tensor(DType::float32, {0, 2});
+    d.expert_idx = Tensor(DType::int32, {0, 1});
+    d.attrs.expert_num = 2;
+    d.attrs.drop_pad_mode = 1;
+    d.attrs.expert_capacity = 3;
+    ForwardResult rd = testing::run_forward(d, runner);
+    ASSERT_TRUE(rd.status.is_ok()) << rd.status.message();
+    EXPECT_EQ(rd.expanded_x.float_values(), std::vector<float>(12, 0.0f));
+    // H = 0: rows are empty, the index map is still complete.
+    ForwardCase h0;
+    h0.x = Tensor(DType::float32, {2, 0});
+    h0.expert_idx = Tensor::int32s({2, 2}, {1, 0, 1, 1});
+    h0.attrs.expert_num = 2;
+    h0.attrs.quant_mode = 1;
+    ForwardResult rh = testing::run_forward(h0, runner);
+    ASSERT_TRUE(rh.status.is_ok()) << rh.status.message();
+    EXPECT_EQ(rh.expanded_x.shape, (std::vector<int64_t>{4, 0}));
+    EXPECT_EQ(rh.expanded_row_idx.values<int32_t>(), (std::vector<int32_t>{1, 0, 2, 3}));
+    EXPECT_EQ(rh.expanded_scale.values<float>(), (std::vector<float>{0, 0, 0, 0}));
+  }
+}
+
+TEST(RoutingRandom, NotProducedOutputsPassedWithDataAreZeroFilled) {
+  for (const testing::Runner& runner : testing::all_runners()) {
+    SCOPED_TRACE(runner.name());
+    Tensor x = Tensor::floats(DType::float32, {2, 2}, {1, 2, 3, 4});
+    Tensor ids = Tensor::int32s({2, 1}, {1, 0});
+    Tensor scale = Tensor::floats(DType::float32, {1}, {1.0f});
+    MoeInitRoutingAttrs attrs;
+    attrs.expert_num = 3;
+    attrs.quant_mode = 0;  // no expanded_scale; flag off: no counts
+    Tensor expanded_x(DType::int8, {2, 2}), row_idx(DType::int32, {2}), counts(DType::int64, {3}),
+        expanded_scale(DType::float32, {2}), topk(DType::float32, {0});
+    for (Tensor* t : {&expanded_x, &row_idx, &counts, &expanded_scale}) t->poison();
+    Status s = moe_init_routing(x.view(), ids.view(), scale.view(), TensorView(), TensorView(), attrs,
+                                expanded_x.view(), row_idx.view(), counts.view(), expanded_scale.view(),
+                                topk.view(), runner.config());
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(expanded_x.values<int8_t>(), (std::vector<int8_t>{3, 4, 1, 2}));
+    EXPECT_EQ(counts.values<int64_t>(), (std::vector<int64_t>{0, 0, 0}));
+    EXPECT_EQ(expanded_scale.values<float>(), (std::vector<float>{0, 0}));
+
+    MoeInitRoutingV2Attrs v2;
+    v2.expert_num = 3;  // flag 0: counts not produced; mode 0: before-capacity not produced
+    Tensor v2_x(DType::float32, {2, 2}), v2_counts(DType::int32, {3}), v2_before(DType::int32, {3});
+    v2_counts.poison();
+    v2_before.poison();
+    s = moe_init_routing_v2(x.view(), ids.view(), v2, v2_x.view(), row_idx.view(), v2_counts.view(),
+                            v2_before.view(), runner.config());
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(v2_x.float_values(), (std::vector<float>{3, 4, 1, 2}));
+    EXPECT_EQ(v2_counts.values<int32_t>(), (std::vector<int32_t>{0, 0, 0}));
+    EXPECT_EQ(v2_before.values<int32_t>(), (std::vector<int32_t>{0, 0, 0}));
+  }
+}
+
+TEST(RoutingRandom, V2AcceptsIdsAboveExpertNumWhenItIsUnused) {
+  // Dropless without counts: ids need only be >= 0 (DECISIONS §6).
+  V2Case c;
+  c.x = Tensor::floats(DType::float32, {3, 1}, {1, 2, 3});
+  c.expert_idx = Tensor::int32s({3, 1}, {1000000, 4, 0});
+  c.attrs.expert_num = 2;
+  for (const testing::Runner& runner : testing::all_runners()) {
+    V2Result r = testing::run_v2(c, runner);
+    ASSERT_TRUE(r.status.is_ok()) << r.status.message();
+    EXPECT_EQ(r.expanded_row_idx.values<int32_t>(), (std::vector<int32_t>{2, 1, 0})) << runner.name();
+    EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{3, 2, 1})) << runner.name();
+  }
+}
+
+}  // namespace
+}  // namespace moe_routing

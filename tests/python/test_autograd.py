@@ -1,0 +1,143 @@
+"""Autograd: loss.backward() runs our backward operator; every non-quantised configuration is
+differentiable, gradients equal the reference backward bit for bit."""
+import pytest
+import torch
+
+import moe_routing
+from reference import assert_bitwise_equal, grad_reference, random_values
+
+
+def gather_index(expanded_row_idx, row_idx_type, rows_written):
+    """Pair -> the expanded row holding it (or -1), from either row_idx_type."""
+    eri = expanded_row_idx.long()
+    if row_idx_type == 0:
+        return torch.where((eri >= 0) & (eri < rows_written), eri, -1).to(torch.int32)
+    out = torch.full_like(eri, -1)
+    out[eri[:rows_written]] = torch.arange(rows_written)
+    return out.to(torch.int32)
+
+
+def test_seed_example_manual_and_autograd():
+    x = torch.arange(6.0).view(3, 2).requires_grad_()
+    idx = torch.tensor([[1, 0], [2, 1], [0, 2]], dtype=torch.int32)
+    ex, eri, _, _, _ = moe_routing.moe_init_routing(x, idx, expert_num=3)
+    g = torch.arange(12.0).view(6, 2) * 10
+    (ex * g).sum().backward()
+    manual = moe_routing.moe_init_routing_grad(g, eri, 2)
+    assert torch.equal(x.grad, manual)
+    # x.grad[i] = sum of g over the rows that token i was copied to.
+    for i in range(3):
+        assert torch.equal(x.grad[i], g[eri[2 * i].item()] + g[eri[2 * i + 1].item()])
+
+
+def test_backward_is_our_operator():
+    x = torch.randn(4, 8, requires_grad=True)
+    idx = torch.randint(0, 4, (4, 2), dtype=torch.int32)
+    ex = moe_routing.moe_init_routing(x, idx, expert_num=4)[0]
+    with torch.autograd.profiler.profile() as prof:
+        ex.sum().backward()
+    assert any("moe_routing::moe_init_routing_grad" in e.name for e in prof.function_events)
+
+
+CONFIGS = [
+    dict(),  # dropless
+    dict(active_num=7),  # truncation
+    dict(active_expert_range=[1, 5]),  # partial range (pairs outside are not routed)
+    dict(active_expert_range=[2, 6], row_idx_type=1),
+    dict(active_expert_range=[0, 5], row_idx_type=1, active_num=5),
+    dict(drop_pad_mode=1, expert_capacity=3),
+]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "dropless")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_gradients_equal_reference_backward(config, dtype):
+    gen = torch.Generator().manual_seed(17)
+    n, k, e, h = 9, 3, 6, 10
+    x = random_values((n, h), dtype, gen).requires_grad_()
+    idx = torch.randint(0, e, (n, k), generator=gen, dtype=torch.int32)
+    w = torch.rand(n, k, generator=gen).requires_grad_()
+    s = torch.rand(n, generator=gen).requires_grad_()
+    ex, eri, _, es, etw = moe_routing.moe_init_routing(x, idx, scale=s, topk_weight=w, expert_num=e, **config)
+    gx = random_values(ex.shape, dtype, gen)
+    gs = torch.rand(es.shape, generator=gen)
+    gw = torch.rand(etw.shape, generator=gen)
+    torch.autograd.backward([ex, es, etw], [gx, gs, gw])
+    if config.get("drop_pad_mode") == 1:
+        index, mode = eri, 1
+        grad_x_ref = grad_reference(gx, index, k, 1)
+        grad_w_ref = grad_reference(gw.view(e, -1, 1), index, 1, 1).view(n, k)
+        grad_s_ref = grad_reference(gs.view(e, -1, 1), index, k, 1).view(n)
+    else:
+        start, end = config.get("active_expert_range", [0, e])
+        routed = int(((idx >= start) & (idx < end)).sum())
+        active = config.get("active_num", -1)
+        rows_written = routed if active <= 0 else min(active, routed)
+        index = gather_index(eri, config.get("row_idx_type", 0), rows_written)
+        grad_x_ref = grad_reference(gx, index, k)
+        grad_w_ref = grad_reference(gw, index, 1).view(n, k)
+        grad_s_ref = grad_reference(gs.view(-1, 1), index, k).view(n)
+    assert_bitwise_equal(grad_x_ref, x.grad, "x.grad")
+    assert_bitwise_equal(grad_w_ref, w.grad, "topk_weight.grad")
+    assert_bitwise_equal(grad_s_ref, s.grad, "scale.grad")
+    assert x.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kwargs", [dict(active_num=0), dict(active_num=5), dict(drop_pad_mode=1, expert_capacity=2)])
+def test_v2_autograd(kwargs):
+    gen = torch.Generator().manual_seed(2)
+    x = random_values((6, 5), torch.float32, gen).requires_grad_()
+    idx = torch.randint(0, 4, (6, 2), generator=gen, dtype=torch.int32)
+    ex, eri, _, _ = moe_routing.moe_init_routing_v2(x, idx, expert_num=4, **kwargs)
+    g = random_values(ex.shape, torch.float32, gen)
+    ex.backward(g)
+    expected = grad_reference(g, eri, 2, kwargs.get("drop_pad_mode", 0), kwargs.get("active_num", 0))
+    assert_bitwise_equal(expected, x.grad, "v2 x.grad")
+
+
+def test_adjoint_identity_in_float64():
+    # <moe_init_routing(x), g> == <x, grad(g)> exactly on small integers.
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randint(-8, 8, (12, 7), generator=gen).float()
+    idx = torch.randint(-1, 7, (12, 3), generator=gen, dtype=torch.int32)
+    for kw in [dict(expert_num=6, active_expert_range=[0, 6]), dict(expert_num=6, active_num=20),
+               dict(expert_num=6, active_expert_range=[1, 4], row_idx_type=1)]:
+        x_ = x.clone().requires_grad_()
+        ex = moe_routing.moe_init_routing(x_, idx, **kw)[0]
+        g = torch.randint(-8, 8, ex.shape, generator=gen).float()
+        ex.backward(g)
+        lhs = (ex.double() * g.double()).sum()
+        rhs = (x.double() * x_.grad.double()).sum()
+        assert lhs.item() == rhs.item(), kw
+
+
+def test_quantised_forward_raises_in_backward():
+    x = torch.randn(4, 8, requires_grad=True)
+    idx = torch.randint(0, 4, (4, 2), dtype=torch.int32)
+    ex, _, _, scale, _ = moe_routing.moe_init_routing(x, idx, expert_num=4, quant_mode=1)
+    assert ex.dtype == torch.int8
+    with pytest.raises(NotImplementedError, match="quant_mode=1"):
+        scale.sum().backward()
+
+
+def test_integer_inputs_get_no_gradient():
+    x = torch.randn(4, 8, requires_grad=True)
+    idx = torch.randint(0, 4, (4, 2), dtype=torch.int32)
+    ex = moe_routing.moe_init_routing(x, idx, expert_num=4)[0]
+    ex.sum().backward()
+    assert idx.grad is None and x.grad is not None
+
+
+def test_combine_through_grad_operator_is_differentiable():
+    gen = torch.Generator().manual_seed(8)
+    y = torch.randn(12, 5, generator=gen, requires_grad=True)
+    eri = torch.randperm(12, generator=gen).to(torch.int32)
+    eri[3] = -1
+    out = moe_routing.moe_init_routing_grad(y, eri, 3)
+    g = torch.randn(out.shape, generator=gen)
+    out.backward(g)
+    expected = torch.zeros(12, 5)
+    for p in range(12):
+        if eri[p] >= 0:
+            expected[eri[p]] = g[p // 3]
+    assert torch.equal(y.grad, expected)

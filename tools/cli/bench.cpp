@@ -1,0 +1,312 @@
+// `moe-routing bench`: time the CPU kernels of both operators over realistic MoE shapes and report
+// them against this machine's copy bandwidth, measured in the same run.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "commands.h"
+#include "moe_routing/moe_routing.hpp"
+#include "rng.h"
+#include "synthetic.h"
+
+namespace moe_routing::cli {
+namespace {
+
+struct ShapePreset {
+  const char* name;
+  int64_t hidden, experts, top_k;
+};
+
+// Real models' MoE layers: hidden size, routed experts, experts per token.
+constexpr ShapePreset kShapes[] = {
+    {"deepseek-v3", 7168, 256, 8},
+    {"qwen3-235b", 4096, 128, 8},
+    {"qwen3-30b", 2048, 128, 8},
+    {"mixtral", 4096, 8, 2},
+};
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+/// Resident-set high-water mark since the last reset, in bytes (Linux; 0 elsewhere).
+int64_t peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+int64_t current_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+/// Resets VmHWM to the current RSS (writing 5 to clear_refs); false if the kernel refuses.
+bool reset_peak_rss() {
+  int fd = ::open("/proc/self/clear_refs", O_WRONLY);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "5", 1) == 1;
+  ::close(fd);
+  return ok;
+}
+
+/// Copy bandwidth (bytes read + bytes written per second) of `threads` threads each memcpy-ing
+/// its share of a 512 MiB buffer: the ceiling a data-movement kernel is measured against.
+double measure_copy_bandwidth(int threads, int runs) {
+  const size_t bytes = size_t(512) << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 2);
+  std::vector<double> times;
+  for (int r = 0; r < runs + 1; ++r) {
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const size_t lo = bytes * t / threads, hi = bytes * (t + 1) / threads;
+        std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+      });
+    for (auto& th : pool) th.join();
+    if (r > 0) times.push_back(seconds_since(start));  // the first run faults the pages in
+  }
+  return 2.0 * double(bytes) / median(times);
+}
+
+std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
+  std::vector<uint8_t> data(size_t(count) * dtype_size(dtype));
+  SplitMix64 rng(seed);
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = float(int64_t(rng.next() >> 40) - (int64_t(1) << 23)) * (1.0f / float(1 << 23));
+    store_from_float(data.data(), dtype, i, v);
+  }
+  return data;
+}
+
+struct Row {
+  std::string op, scenario, shape;
+  int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
+  double ms = 0, bytes = 0, gbps = 0, fraction = 0;
+  int64_t extra_memory = 0;
+};
+
+class BenchCommand : public Command {
+ public:
+  CommandInfo info() const override {
+    return {"bench",
+            "time both operators' CPU kernels on real MoE shapes against the copy bandwidth",
+            "For each shape (hidden size, experts, top_k of a real model), token count, operator and\n"
+            "scenario: builds a seeded synthetic batch, warms up, then reports the median time of\n"
+            "--runs runs, the bytes that must move (each input read once, each output written once;\n"
+            "for the backward only the gradient rows that are summed), GB/s, that as a fraction of\n"
+            "this machine's copy bandwidth (memcpy with the same thread count, measured in the same\n"
+            "run), and the peak memory the call used beyond its inputs and outputs.\n\n"
+            "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
+            "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
+            "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
+            "touched before timing, so page faults are not measured.",
+            "moe-routing bench\n"
+            "moe-routing bench --op grad --shape deepseek-v3 --tokens 4096 --threads 2\n"
+            "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv"};
+  }
+
+  void declare(ArgParser& p) override {
+    p.add_choice("--op", "operators to time", {"all", "grad", "init-routing"}, &op_);
+    p.add_choice("--shape", "model shape (hidden/experts/top_k)",
+                 {"all", "deepseek-v3", "qwen3-235b", "qwen3-30b", "mixtral"}, &shape_);
+    p.add_string("--tokens", "N,N,...", "token counts to sweep", &tokens_text_);
+    p.add_choice("--dtype", "dtype of the float tensors", {"bf16", "fp16", "fp32"}, &dtype_text_);
+    p.add_choice("--order", "backward accumulation order", {"tree", "sequential"}, &order_text_);
+    p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0, 1024);
+    p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1, 1000);
+    p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);
+  }
+
+  int run(const ArgParser&) override {
+    std::vector<int64_t> token_counts;
+    {
+      std::stringstream in(tokens_text_);
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        int64_t value = 0;
+        Status s = parse_int(item, 1, int64_t(1) << 24, "bench", "--tokens", &value);
+        if (!s.is_ok()) return report_error(s);
+        token_counts.push_back(value);
+      }
+    }
+    const DType dtype = dtype_text_ == "fp32"   ? DType::float32
+                        : dtype_text_ == "fp16" ? DType::float16
+                                                : DType::bfloat16;
+    const int threads = threads_ > 0 ? int(threads_) : get_num_threads();
+    ExecConfig config;
+    config.backend = Backend::cpu;
+    config.num_threads = threads;
+
+    std::fprintf(stderr, "[bench] measuring copy bandwidth (%d threads)...\n", threads);
+    const double copy = measure_copy_bandwidth(threads, 5);
+    std::fprintf(stderr, "[bench] copy bandwidth %.2f GB/s\n", copy / 1e9);
+    const bool can_measure_memory = reset_peak_rss();
+
+    std::vector<ShapePreset> shapes;
+    for (const ShapePreset& s : kShapes)
+      if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
+    const bool do_grad = op_ == "all" || op_ == "grad";
+    const bool do_forward = op_ == "all" || op_ == "init-routing";
+    const size_t total = shapes.size() * token_counts.size() * ((do_grad ? 3 : 0) + (do_forward ? 2 : 0));
+
+    std::vector<Row> rows;
+    auto time_call = [&](Row row, const std::function<Status()>& call) -> Status {
+      std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total, row.op.c_str(),
+                   row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
+      MOE_ROUTING_RETURN_IF_ERROR(call());  // warm-up
+      const int64_t before = current_rss_bytes();
+      if (can_measure_memory) reset_peak_rss();
+      std::vector<double> times;
+      for (int64_t r = 0; r < runs_; ++r) {
+        const auto start = Clock::now();
+        MOE_ROUTING_RETURN_IF_ERROR(call());
+        times.push_back(seconds_since(start));
+      }
+      row.extra_memory = can_measure_memory ? std::max<int64_t>(0, peak_rss_bytes() - before) : -1;
+      row.ms = median(times) * 1e3;
+      row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
+      row.fraction = row.gbps * 1e9 / copy;
+      rows.push_back(row);
+      return Status::ok();
+    };
+
+    const double esize = double(dtype_size(dtype));
+    for (const ShapePreset& shape : shapes) {
+      for (int64_t n : token_counts) {
+        const int64_t H = shape.hidden, E = shape.experts, K = shape.top_k;
+        const std::vector<int32_t> expert_idx = random_expert_idx(n, K, E, 1234 + uint64_t(n));
+        Row base;
+        base.shape = shape.name;
+        base.tokens = n;
+        base.hidden = H;
+        base.experts = E;
+        base.top_k = K;
+        if (do_grad) {
+          for (GradProblem& problem : grad_problems(expert_idx, n, K, E, H)) {
+            int64_t source_rows = 1;
+            for (size_t d = 0; d + 1 < problem.grad_shape.size(); ++d) source_rows *= problem.grad_shape[d];
+            std::vector<uint8_t> grad = random_floats(source_rows * H, dtype, 7);
+            std::vector<uint8_t> out(size_t(n * H) * size_t(esize));
+            std::memset(out.data(), 0, out.size());
+            MoeInitRoutingGradAttrs attrs = problem.attrs;
+            attrs.order = order_text_ == "sequential" ? AccumulationOrder::sequential : AccumulationOrder::tree;
+            int64_t present = 0;
+            for (int32_t r : problem.expanded_row_idx)
+              present += (r != -1 && (attrs.active_num == 0 || attrs.drop_pad_mode == 1 || r < attrs.active_num));
+            Row row = base;
+            row.op = "grad";
+            row.scenario = grad_scenario_name(problem.scenario);
+            row.bytes = double(present) * double(H) * esize + double(n * K) * 4.0 + double(n * H) * esize;
+            const TensorView g(grad.data(), dtype, int(problem.grad_shape.size()), problem.grad_shape.data());
+            const TensorView idx(problem.expanded_row_idx.data(), DType::int32, {n * K});
+            const TensorView o(out.data(), dtype, {n, H});
+            Status s = time_call(row, [&] { return moe_init_routing_grad(g, idx, attrs, o, config); });
+            if (!s.is_ok()) return report_error(s);
+          }
+        }
+        if (do_forward) {
+          std::vector<uint8_t> x = random_floats(n * H, dtype, 9);
+          std::vector<int32_t> idx_copy = expert_idx;
+          for (int drop_pad = 0; drop_pad < 2; ++drop_pad) {
+            MoeInitRoutingAttrs attrs;
+            attrs.expert_num = E;
+            attrs.drop_pad_mode = drop_pad;
+            attrs.expert_capacity = std::min<int64_t>(n, (n * K + E - 1) / E);
+            attrs.expert_tokens_num_flag = true;
+            attrs.expert_tokens_num_type = 1;
+            const TensorView xv(x.data(), dtype, {n, H});
+            const TensorView iv(idx_copy.data(), DType::int32, {n, K});
+            MoeInitRoutingPlan plan;
+            Status s = infer_moe_init_routing(xv, iv, {}, {}, {}, attrs, &plan);
+            if (!s.is_ok()) return report_error(s);
+            auto alloc = [](const OutputSpec& spec) {
+              std::vector<uint8_t> buffer(size_t(spec.numel()) * dtype_size(spec.dtype) + 1);
+              std::memset(buffer.data(), 0, buffer.size());
+              return buffer;
+            };
+            auto view = [](std::vector<uint8_t>& buffer, const OutputSpec& spec) {
+              return TensorView(buffer.data(), spec.dtype, spec.ndim, spec.shape);
+            };
+            std::vector<uint8_t> ex = alloc(plan.expanded_x), eri = alloc(plan.expanded_row_idx),
+                                 cnt = alloc(plan.expert_tokens_count_or_cumsum),
+                                 sc = alloc(plan.expanded_scale), tw = alloc(plan.expanded_topk_weight);
+            Row row = base;
+            row.op = "init-routing";
+            row.scenario = drop_pad ? "drop_pad" : "dropless";
+            row.bytes = double(n * H) * esize + double(n * K) * 4.0 +
+                        double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
+                        double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
+            s = time_call(row, [&] {
+              return moe_init_routing(xv, iv, {}, {}, {}, attrs, view(ex, plan.expanded_x),
+                                      view(eri, plan.expanded_row_idx),
+                                      view(cnt, plan.expert_tokens_count_or_cumsum),
+                                      view(sc, plan.expanded_scale), view(tw, plan.expanded_topk_weight),
+                                      config);
+            });
+            if (!s.is_ok()) return report_error(s);
+          }
+        }
+      }
+    }
+
+    std::printf("moe-routing bench: %s, %d threads, CPU kernels (%s), median of %lld runs\n",
+                dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
+    std::printf("copy bandwidth (memcpy, read+write): %.2f GB/s\n", copy / 1e9);
+    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %10s %10s %8s %7s %9s\n", "op", "scenario", "shape", "N",
+                "H", "E", "K", "ms", "MB moved", "GB/s", "%copy", "extra MB");
+    for (const Row& r : rows) {
+      char extra[32] = "n/a";
+      if (r.extra_memory >= 0) std::snprintf(extra, sizeof extra, "%.2f", double(r.extra_memory) / 1e6);
+      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %10.3f %10.1f %8.2f %6.1f%% %9s\n", r.op.c_str(),
+                  r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens, (long long)r.hidden,
+                  (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, 100.0 * r.fraction,
+                  extra);
+    }
+    if (!csv_.empty()) {
+      std::ofstream out(csv_);
+      out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,fraction_of_copy,"
+             "extra_memory_bytes\n";
+      for (const Row& r : rows)
+        out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden << ','
+            << r.experts << ',' << r.top_k << ',' << dtype_name(dtype) << ',' << threads << ',' << r.ms << ','
+            << r.bytes << ',' << r.gbps << ',' << copy / 1e9 << ',' << r.fraction << ',' << r.extra_memory
+            << '\n';
+      if (!out) return report_error(runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
+      std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());
+    }
+    return kExitOk;
+  }
+
+ private:
+  std::string op_ = "all", shape_ = "all", tokens_text_ = "1,128,1024,4096", dtype_text_ = "bf16";
+  std::string order_text_ = "tree", csv_;
+  int64_t threads_ = 0, runs_ = 7;
+};
+
+}  // namespace
+
+std::unique_ptr<Command> make_bench_command() { return std::make_unique<BenchCommand>(); }
+
+}  // namespace moe_routing::cli
