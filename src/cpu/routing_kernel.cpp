@@ -6,6 +6,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "core/thread_pool.h"
 #include "cpu/float_env.h"
 #include "cpu/routing_sort.h"
@@ -31,6 +35,49 @@ void for_blocks(int64_t n, int64_t blocks, int num_threads, const Fn& fn) {
 template <class Fn>
 void parallel_range(int64_t n, int num_threads, const Fn& fn) {
   detail::parallel_for(n, num_threads, [&](int64_t begin, int64_t end) { fn(begin, end); });
+}
+
+/// Outputs at least this large are written with non-temporal stores (no read-for-ownership of
+/// destination lines that are overwritten whole, and no eviction of the source rows).
+constexpr int64_t kStreamOutputBytes = int64_t(8) << 20;
+
+/// memcpy whose destination bypasses the caches where it is 16-byte aligned. Callers issue
+/// stream_fence() before the data is published to another thread.
+inline void copy_row(char* dst, const char* src, size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    if (head >= bytes) {
+      std::memcpy(dst, src, bytes);
+      return;
+    }
+    std::memcpy(dst, src, head);
+    size_t i = head;
+    for (; i + 64 <= bytes; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    }
+    for (; i + 16 <= bytes; i += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    std::memcpy(dst + i, src + i, bytes - i);
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, bytes);
+}
+
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
 }
 
 /// Element j of a row of x widened to float32 (typed loads, so the loops below vectorise).
@@ -84,9 +131,10 @@ class RowWriter {
   RowWriter(const RoutingProblem& pr, const quantize::StaticParams& static_params)
       : pr_(pr), static_params_(static_params) {}
 
-  /// Row `dest` from pair p, or zeros when p < 0.
+  /// Row `dest` from pair p, zeros when p == -1, untouched when p == -2 (written elsewhere).
   void write(int64_t dest, int64_t p) const {
     const int64_t H = pr_.hidden;
+    if (p == -2) return;
     if (p < 0) {
       const size_t out_size = pr_.quant_mode == -1 ? dtype_size(pr_.x_dtype) : 1;
       if (H > 0)
@@ -159,6 +207,32 @@ void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_p
       write_rows_as<DType::float32>(pr, static_params, rows, num_threads, source);
       break;
   }
+}
+
+/// quant_mode -1: copies x[i] to expanded_x[dest[p]] for each pair p = i*K + t with a row
+/// (dropless: dest < rows_with_data; drop-pad: dest >= 0), with its scale and topk_weight. Each
+/// destination has exactly one pair, so tokens are split among threads freely.
+void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_with_data,
+                  int num_threads) {
+  const int64_t K = pr.top_k, H = pr.hidden;
+  const size_t row_bytes = size_t(H) * dtype_size(pr.x_dtype);
+  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= kStreamOutputBytes;
+  const int64_t limit = pr.drop_pad ? pr.expanded_rows : rows_with_data;
+  parallel_range(pr.num_rows, num_threads, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const char* source = static_cast<const char*>(pr.x) + size_t(i) * row_bytes;
+      for (int64_t t = 0; t < K; ++t) {
+        const int64_t p = i * K + t, d = dest[p];
+        if (d < 0 || d >= limit) continue;
+        if (row_bytes > 0)
+          copy_row(static_cast<char*>(pr.expanded_x) + size_t(d) * row_bytes, source, row_bytes,
+                   stream);
+        if (pr.expanded_scale != nullptr) pr.expanded_scale[d] = pr.scale[i];
+        if (pr.expanded_topk_weight != nullptr) pr.expanded_topk_weight[d] = pr.topk_weight[p];
+      }
+    }
+    stream_fence();
+  });
 }
 
 void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
@@ -272,26 +346,57 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
   // The remaining outputs.
   int32_t* row_idx = pr.expanded_row_idx;
   const int32_t* sorted = order.data();
+  const int64_t rows_with_data = pr.drop_pad ? 0 : std::min(pr.row_limit, routed);
   if (pr.drop_pad) {
     const int64_t C = pr.expert_capacity;
     parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
       std::fill(row_idx + begin, row_idx + stop, -1);
     });
-    // Slot e*C + c holds the c-th pair of expert e; each slot (so each kept pair) has one owner.
+    // Slot e*C + c holds the c-th pair of expert e (c < C); later pairs keep -1.
+    parallel_range(pr.expert_num, num_threads, [&](int64_t e0, int64_t e1) {
+      for (int64_t e = e0; e < e1; ++e) {
+        const int64_t kept = std::min(C, totals[size_t(e)]);
+        for (int64_t c = 0; c < kept; ++c) row_idx[sorted[first[size_t(e)] + c]] = int32_t(e * C + c);
+      }
+    });
+  } else if (!gather) {  // row_idx_type 1: the sorted positions, then the tail
+    parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
+      std::copy(sorted + begin, sorted + stop, row_idx + begin);
+    });
+  }
+
+  if (pr.quant_mode == -1) {
+    // Plain routing copies each token's row to its (up to K) destinations: x is read once, in
+    // order, and every destination row is written whole. dest[p] is pair p's row or -1.
+    const int32_t* dest = row_idx;  // gather layout and drop-pad: expanded_row_idx itself
+    if (!pr.drop_pad && !gather) {  // row_idx_type 1: invert the sorted order into `keys`
+      int32_t* inverse = reinterpret_cast<int32_t*>(keys.data());
+      parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
+        std::fill(inverse + begin, inverse + stop, -1);
+      });
+      parallel_range(routed, num_threads, [&](int64_t begin, int64_t stop) {
+        for (int64_t d = begin; d < stop; ++d) inverse[sorted[d]] = int32_t(d);
+      });
+      dest = inverse;
+    }
+    scatter_rows(pr, dest, rows_with_data, num_threads);
+    // Rows without a pair are zero: the tail of a dropless layout, empty drop-pad slots.
+    if (pr.drop_pad) {
+      const int64_t C = pr.expert_capacity;
+      write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
+        return (slot % C) < totals[size_t(slot / C)] ? -2 : -1;  // -2: written by the scatter
+      });
+    } else {
+      write_rows(pr, static_params, pr.expanded_rows, num_threads,
+                 [&](int64_t d) -> int64_t { return d < rows_with_data ? -2 : -1; });
+    }
+  } else if (pr.drop_pad) {
+    const int64_t C = pr.expert_capacity;
     write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
       const int64_t e = slot / C, c = slot % C;
-      if (c >= totals[size_t(e)]) return -1;
-      const int32_t p = sorted[first[size_t(e)] + c];
-      row_idx[p] = int32_t(slot);
-      return p;
+      return c < totals[size_t(e)] ? sorted[first[size_t(e)] + c] : -1;
     });
   } else {
-    if (!gather) {  // row_idx_type 1: the sorted positions, then the tail
-      parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
-        std::copy(sorted + begin, sorted + stop, row_idx + begin);
-      });
-    }
-    const int64_t rows_with_data = std::min(pr.row_limit, routed);
     write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t d) -> int64_t {
       return d < rows_with_data ? sorted[d] : -1;
     });

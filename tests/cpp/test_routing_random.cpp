@@ -180,6 +180,39 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
         << threads << " threads (V2 drop-pad)";
 }
 
+TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
+  // expanded_x of >= 8 MiB is written with non-temporal stores; H = 1031 bf16 makes rows start at
+  // every 16-byte alignment, so the aligned, unaligned-head and tail paths all run.
+  Random rng(12);
+  const int64_t N = 512, K = 8, H = 1031, E = 16;
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));
+  std::vector<float> x = random_values(rng, N * H, false);
+  struct Variant {
+    int64_t row_idx_type, drop_pad, active_num;
+  };
+  for (const Variant v : {Variant{0, 0, -1}, Variant{1, 0, 3000}, Variant{0, 1, -1}}) {
+    ForwardCase c;
+    c.x = Tensor::floats(DType::bfloat16, {N, H}, x);
+    std::vector<int32_t> case_ids = ids;
+    if (v.drop_pad)
+      for (int32_t& id : case_ids) id = id < 0 ? 0 : (id >= E ? E - 1 : id);
+    c.expert_idx = Tensor::int32s({N, K}, case_ids);
+    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
+    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
+    c.attrs.expert_num = E;
+    c.attrs.row_idx_type = v.row_idx_type;
+    c.attrs.drop_pad_mode = v.drop_pad;
+    c.attrs.expert_capacity = v.drop_pad ? 300 : -1;
+    c.attrs.active_num = v.active_num;
+    ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
+    ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+    for (int threads : {1, 2, 5})
+      EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads})))
+          << threads << " threads, row_idx_type " << v.row_idx_type << " drop_pad " << v.drop_pad;
+  }
+}
+
 // --- huge ids: the two-pass radix path --------------------------------------------------------
 
 TEST(RoutingRandom, HugeIdsTakeTheRadixPathAndMatchTheReference) {

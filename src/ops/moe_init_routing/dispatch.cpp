@@ -53,6 +53,13 @@ Status check_backend(const char* op, const TensorView& x, const ExecConfig& conf
   return Status::ok();
 }
 
+/// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
+int64_t routing_bytes(const RoutingProblem& problem) {
+  const int64_t row_bytes =
+      problem.hidden * int64_t(problem.quant_mode == -1 ? dtype_size(problem.x_dtype) : 1);
+  return problem.expanded_rows * row_bytes + problem.pairs() * 12;
+}
+
 /// Runs the problem on the configured backend. Backends allocate everything before writing, so
 /// an allocation failure leaves every output untouched.
 Status run(const char* op, const RoutingProblem& problem, const ExecConfig& config) {
@@ -60,7 +67,9 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
     if (config.backend == Backend::reference)
       reference::moe_init_routing(problem);
     else
-      cpu::moe_init_routing(problem, detail::resolve_num_threads(config.num_threads));
+      cpu::moe_init_routing(problem, detail::threads_for_bytes(
+                                         detail::resolve_num_threads(config.num_threads),
+                                         routing_bytes(problem)));
   } catch (const std::bad_alloc&) {
     return runtime_error(op, "memory for the sort must be allocatable (about 12 bytes per pair), "
                          "got an allocation failure for ", problem.pairs(), " pairs");

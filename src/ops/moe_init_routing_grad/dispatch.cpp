@@ -58,7 +58,8 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
   }
   cpu::GradKernelArgs args{grad_expanded_x.data, indices, grad_x.data, plan, 0, 0, false};
   args.stream_output = int64_t(grad_x.nbytes()) >= cpu::kGradStreamOutputBytes;
-  const int threads = detail::resolve_num_threads(config.num_threads);
+  const int64_t bytes = plan.num_rows * plan.top_k * (plan.hidden * int64_t(dtype_size(plan.dtype)) + 4);
+  const int threads = detail::threads_for_bytes(detail::resolve_num_threads(config.num_threads), bytes);
   args.tile_width = cpu::grad_unit_width(plan, threads);
   args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
   const CpuIsa isa = config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa;
