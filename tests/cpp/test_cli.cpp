@@ -1,6 +1,10 @@
 // The moe-routing binary run as a subprocess: `golden grad` on the spec's examples G1-G5 and on
 // random cases (equal to the library's reference bit for bit), error behaviour (exit status 2,
-// the message on stderr, no output file), help, version, info and a small demo.
+// the message on stderr, no output file); the forward commands `golden init-routing-v2` and
+// `golden init-routing` on the spec's examples F1-F3, Q1, Q2 and the static-quant flavours, on
+// random cases (every output equal to the library's reference byte for byte) and on errors
+// (exit status 2, no file in --out-dir); help, version, info and a small demo.
+#include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -8,14 +12,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "grad_cases.h"
 #include "npy.h"
+#include "routing_cases.h"
 
 extern char** environ;
 
@@ -386,6 +393,733 @@ TEST(CliGolden, AnExistingOutputSurvivesAnError) {
   EXPECT_FALSE(exists(dir.file("out.npy.tmp")));
 }
 
+// --- golden init-routing-v2 / init-routing: helpers ----------------------------------------------
+
+using testing::Tensor;
+
+/// The names of the entries of `dir` (empty when it does not exist).
+std::set<std::string> files_in(const std::string& dir) {
+  std::set<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* entry = readdir(d)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") names.insert(name);
+  }
+  closedir(d);
+  return names;
+}
+
+npy::Array to_array(const Tensor& t) {
+  npy::Array a(t.dtype, t.shape);
+  a.bytes = t.bytes;
+  return a;
+}
+npy::Array floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) {
+  return to_array(Tensor::floats(dtype, std::move(shape), values));
+}
+npy::Array f32(std::vector<int64_t> shape, const std::vector<float>& values) {
+  return floats(DType::float32, std::move(shape), values);
+}
+template <typename T>
+npy::Array integers(DType dtype, std::vector<int64_t> shape, const std::vector<T>& values) {
+  npy::Array a(dtype, std::move(shape));
+  EXPECT_EQ(a.bytes.size(), values.size() * sizeof(T));
+  if (!values.empty()) std::memcpy(a.bytes.data(), values.data(), a.bytes.size());
+  return a;
+}
+npy::Array i32(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+  return integers(DType::int32, std::move(shape), values);
+}
+npy::Array i64(std::vector<int64_t> shape, const std::vector<int64_t>& values) {
+  return integers(DType::int64, std::move(shape), values);
+}
+npy::Array i8(std::vector<int64_t> shape, const std::vector<int8_t>& values) {
+  return integers(DType::int8, std::move(shape), values);
+}
+
+::testing::AssertionResult same_array(const npy::Array& expected, const npy::Array& got) {
+  if (expected.dtype != got.dtype || expected.shape != got.shape) {
+    auto text = [](const npy::Array& a) {
+      std::string t = std::string(dtype_name(a.dtype)) + " [";
+      for (size_t d = 0; d < a.shape.size(); ++d) t += (d ? ", " : "") + std::to_string(a.shape[d]);
+      return t + "]";
+    };
+    return ::testing::AssertionFailure() << "expected " << text(expected) << ", got " << text(got);
+  }
+  for (size_t i = 0; i < expected.bytes.size(); ++i)
+    if (expected.bytes[i] != got.bytes[i])
+      return ::testing::AssertionFailure()
+             << "bytes differ; first at byte " << i << " (element "
+             << i / dtype_size(expected.dtype) << "): expected 0x" << std::hex
+             << int(expected.bytes[i]) << ", got 0x" << int(got.bytes[i]);
+  return ::testing::AssertionSuccess();
+}
+
+/// One run of a forward command: inputs by flag, extra flags, and what came back.
+struct ForwardRun {
+  std::vector<std::string> args;
+  CliResult result;
+  std::map<std::string, npy::Array> outputs;  // by file name without ".npy"
+  std::set<std::string> files;                // every entry of --out-dir
+};
+
+/// Writes `inputs` (flag -> array) into dir as <flag>.npy, runs `golden <command>` with them,
+/// `flags` and --out-dir dir/<out>, lists the output directory and, after a successful run, reads
+/// back every .npy in it.
+ForwardRun run_forward_cli(const TempDir& dir, const std::string& command,
+                           const std::vector<std::pair<std::string, npy::Array>>& inputs,
+                           const std::vector<std::string>& flags, const std::string& out) {
+  ForwardRun run;
+  run.args = {"golden", command};
+  for (const auto& [flag, array] : inputs) {
+    const std::string path = dir.file("in" + flag + ".npy");
+    write_or_fail(path, array);
+    run.args.insert(run.args.end(), {flag, path});
+  }
+  run.args.insert(run.args.end(), flags.begin(), flags.end());
+  const std::string out_dir = dir.file(out);
+  run.args.insert(run.args.end(), {"--out-dir", out_dir});
+  run.result = run_cli(dir, run.args);
+  run.files = files_in(out_dir);
+  for (const std::string& name : run.files) {
+    if (run.result.exit_code != 0) break;  // after an error the directory holds no new outputs
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".npy") != 0) continue;
+    npy::Array a;
+    const Status s = npy::read(out_dir + "/" + name, &a);
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    run.outputs[name.substr(0, name.size() - 4)] = a;
+  }
+  return run;
+}
+
+std::string describe(const ForwardRun& run) { return describe(run.args, run.result); }
+
+/// The file names a set of outputs gives.
+std::set<std::string> npy_files(const std::vector<std::string>& names) {
+  std::set<std::string> files;
+  for (const std::string& name : names) files.insert(name + ".npy");
+  return files;
+}
+
+/// Expects a successful run that wrote exactly `expected` (name -> array), nothing else.
+void expect_outputs(const ForwardRun& run, const std::map<std::string, npy::Array>& expected) {
+  ASSERT_EQ(run.result.exit_code, 0) << describe(run);
+  EXPECT_TRUE(run.result.err.empty()) << describe(run);
+  std::vector<std::string> names;
+  for (const auto& [name, array] : expected) names.push_back(name);
+  EXPECT_EQ(run.files, npy_files(names)) << describe(run);
+  for (const auto& [name, array] : expected) {
+    auto found = run.outputs.find(name);
+    ASSERT_NE(found, run.outputs.end()) << name << " not written\n" << describe(run);
+    EXPECT_TRUE(same_array(array, found->second)) << name << "\n" << describe(run);
+    EXPECT_NE(run.result.out.find("/" + name + ".npy: " + name + " " + dtype_name(array.dtype)),
+              std::string::npos)
+        << run.result.out;
+  }
+}
+
+const DType kForwardFloatDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
+
+// --- golden init-routing-v2 / init-routing: the spec's examples --------------------------------
+
+TEST(CliGoldenForward, F1ThroughV2InEveryDtypeAndCountFlag) {
+  // Spec §2.6 F1: x [[1,1.5],[2,2.5],[3,3.5]], expert_idx [[1,0],[2,1],[0,2]], E = 3.
+  TempDir dir;
+  int run_number = 0;
+  for (DType dtype : kForwardFloatDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::vector<std::pair<std::string, npy::Array>> inputs = {
+        {"--x", floats(dtype, {3, 2}, {1, 1.5f, 2, 2.5f, 3, 3.5f})},
+        {"--expert-idx", i32({3, 2}, {1, 0, 2, 1, 0, 2})}};
+    const npy::Array row_idx = i32({6}, {2, 0, 4, 3, 1, 5});
+    const std::string out = "out" + std::to_string(run_number++);
+    // active_num 3, cumsum.
+    expect_outputs(run_forward_cli(dir, "init-routing-v2", inputs,
+                                   {"--active-num", "3", "--expert-num", "3",
+                                    "--expert-tokens-count-or-cumsum-flag", "1"},
+                                   out + "a"),
+                   {{"expanded_x", floats(dtype, {3, 2}, {1, 1.5f, 3, 3.5f, 1, 1.5f})},
+                    {"expanded_row_idx", row_idx},
+                    {"expert_tokens_count_or_cumsum", i32({3}, {2, 4, 6})}});
+    // Dropless, count.
+    expect_outputs(
+        run_forward_cli(dir, "init-routing-v2", inputs,
+                        {"--expert-num", "3", "--expert-tokens-count-or-cumsum-flag", "2"},
+                        out + "b"),
+        {{"expanded_x",
+          floats(dtype, {6, 2}, {1, 1.5f, 3, 3.5f, 1, 1.5f, 2, 2.5f, 2, 2.5f, 3, 3.5f})},
+         {"expanded_row_idx", row_idx},
+         {"expert_tokens_count_or_cumsum", i32({3}, {2, 2, 2})}});
+    // Every default: no count file; the before-capacity flag is ignored in drop_pad_mode 0.
+    expect_outputs(run_forward_cli(dir, "init-routing-v2", inputs,
+                                   {"--expert-tokens-before-capacity-flag", "1"}, out + "c"),
+                   {{"expanded_x",
+                     floats(dtype, {6, 2}, {1, 1.5f, 3, 3.5f, 1, 1.5f, 2, 2.5f, 2, 2.5f, 3, 3.5f})},
+                    {"expanded_row_idx", row_idx}});
+  }
+}
+
+TEST(CliGoldenForward, FilesUseTheNpyConventions) {
+  // bf16 travels as uint16 bit patterns ('<u2'), int8 as '|i1', int64 counts as '<i8'.
+  TempDir dir;
+  const ForwardRun bf16 =
+      run_forward_cli(dir, "init-routing-v2",
+                      {{"--x", floats(DType::bfloat16, {3, 2}, {1, 1.5f, 2, 2.5f, 3, 3.5f})},
+                       {"--expert-idx", i32({3, 2}, {1, 0, 2, 1, 0, 2})}},
+                      {"--expert-num", "3", "--expert-tokens-count-or-cumsum-flag", "2"}, "bf16");
+  ASSERT_EQ(bf16.result.exit_code, 0) << describe(bf16);
+  EXPECT_NE(read_text(dir.file("bf16/expanded_x.npy")).find("'descr': '<u2'"), std::string::npos);
+  EXPECT_NE(read_text(dir.file("bf16/expanded_row_idx.npy")).find("'descr': '<i4'"),
+            std::string::npos);
+  EXPECT_NE(read_text(dir.file("bf16/expert_tokens_count_or_cumsum.npy")).find("'descr': '<i4'"),
+            std::string::npos);
+  const ForwardRun q = run_forward_cli(
+      dir, "init-routing",
+      {{"--x", f32({1, 2}, {1, -1})},
+       {"--expert-idx", i32({1, 1}, {0})},
+       {"--scale", f32({1}, {1})}},
+      {"--expert-num", "1", "--quant-mode", "0", "--expert-tokens-num-flag", "1"}, "int8");
+  ASSERT_EQ(q.result.exit_code, 0) << describe(q);
+  EXPECT_NE(read_text(dir.file("int8/expanded_x.npy")).find("'descr': '|i1'"), std::string::npos);
+  EXPECT_NE(read_text(dir.file("int8/expert_tokens_count_or_cumsum.npy")).find("'descr': '<i8'"),
+            std::string::npos);
+  // No temporaries are left behind.
+  for (const std::string& name : files_in(dir.file("int8")))
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+}
+
+TEST(CliGoldenForward, F1ThroughTheTorchApiKeepsTheShapeAndZeroesTheTail) {
+  TempDir dir;
+  expect_outputs(
+      run_forward_cli(dir, "init-routing",
+                      {{"--x", f32({3, 2}, {1, 1.5f, 2, 2.5f, 3, 3.5f})},
+                       {"--expert-idx", i32({3, 2}, {1, 0, 2, 1, 0, 2})}},
+                      {"--active-num", "3", "--expert-num", "3", "--expert-tokens-num-flag", "1"},
+                      "out"),
+      {{"expanded_x", f32({6, 2}, {1, 1.5f, 3, 3.5f, 1, 1.5f, 0, 0, 0, 0, 0, 0})},
+       {"expanded_row_idx", i32({6}, {2, 0, 4, 3, 1, 5})},
+       {"expert_tokens_count_or_cumsum", i64({3}, {2, 4, 6})}});
+}
+
+TEST(CliGoldenForward, F2DropPadThroughV2InEveryDtype) {
+  // Spec §2.6 F2: x [[10],[20],[30],[40]], expert_idx [[0,1],[0,2],[0,1],[1,0]], E = 3, C = 2.
+  TempDir dir;
+  for (DType dtype : kForwardFloatDtypes) {
+    SCOPED_TRACE(dtype_name(dtype));
+    const std::vector<std::pair<std::string, npy::Array>> inputs = {
+        {"--x", floats(dtype, {4, 1}, {10, 20, 30, 40})},
+        {"--expert-idx", i32({4, 2}, {0, 1, 0, 2, 0, 1, 1, 0})}};
+    const std::map<std::string, npy::Array> routed = {
+        {"expanded_x", floats(dtype, {3, 2, 1}, {10, 20, 10, 30, 20, 0})},
+        {"expanded_row_idx", i32({8}, {0, 2, 1, 4, -1, 3, -1, -1})}};
+    std::map<std::string, npy::Array> with_counts = routed;
+    with_counts["expert_tokens_before_capacity"] = i32({3}, {4, 3, 1});
+    // The count flag is ignored in drop_pad_mode 1.
+    expect_outputs(
+        run_forward_cli(dir, "init-routing-v2", inputs,
+                        {"--drop-pad-mode", "1", "--expert-num", "3", "--expert-capacity", "2",
+                         "--expert-tokens-before-capacity-flag", "1",
+                         "--expert-tokens-count-or-cumsum-flag", "1"},
+                        std::string("with_") + dtype_name(dtype)),
+        with_counts);
+    expect_outputs(
+        run_forward_cli(dir, "init-routing-v2", inputs,
+                        {"--drop-pad-mode", "1", "--expert-num", "3", "--expert-capacity", "2"},
+                        std::string("without_") + dtype_name(dtype)),
+        routed);
+  }
+}
+
+TEST(CliGoldenForward, F2DropPadThroughTheTorchApi) {
+  // Pre-drop counts over the range; the per-token scale and the topk weights follow the slots.
+  TempDir dir;
+  expect_outputs(
+      run_forward_cli(dir, "init-routing",
+                      {{"--x", f32({4, 1}, {10, 20, 30, 40})},
+                       {"--expert-idx", i32({4, 2}, {0, 1, 0, 2, 0, 1, 1, 0})},
+                       {"--scale", f32({4}, {0.5f, 1.5f, 2.5f, 3.5f})},
+                       {"--topk-weight", f32({4, 2}, {1, 2, 3, 4, 5, 6, 7, 8})}},
+                      {"--drop-pad-mode", "1", "--expert-num", "3", "--expert-capacity", "2",
+                       "--expert-tokens-num-flag", "1", "--expert-tokens-num-type", "1"},
+                      "out"),
+      {{"expanded_x", f32({3, 2, 1}, {10, 20, 10, 30, 20, 0})},
+       {"expanded_row_idx", i32({8}, {0, 2, 1, 4, -1, 3, -1, -1})},
+       {"expert_tokens_count_or_cumsum", i64({3}, {4, 3, 1})},
+       {"expanded_scale", f32({6}, {0.5f, 1.5f, 0.5f, 2.5f, 1.5f, 0})},
+       {"expanded_topk_weight", f32({6, 1}, {1, 3, 2, 6, 4, 0})}});
+}
+
+TEST(CliGoldenForward, F3BothRowIdxTypesAndEveryCountType) {
+  // Spec §3.7 F3: x [[1,2],[3,4],[5,6]], expert_idx [[1,3],[0,2],[2,1]], E = 4, range [1, 3).
+  TempDir dir;
+  const std::vector<npy::Array> counts = {i64({2}, {2, 4}), i64({2}, {2, 2}),
+                                          i64({4, 2}, {1, 2, 2, 2, 0, 0, 0, 0})};
+  const std::vector<npy::Array> row_idx = {i32({6}, {0, -1, -1, 2, 3, 1}),
+                                           i32({6}, {0, 5, 3, 4, 1, 2})};
+  for (int row_idx_type : {0, 1})
+    for (int count_type : {0, 1, 2}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "row_idx_type " << row_idx_type << " count type " << count_type);
+      expect_outputs(
+          run_forward_cli(dir, "init-routing",
+                          {{"--x", f32({3, 2}, {1, 2, 3, 4, 5, 6})},
+                           {"--expert-idx", i32({3, 2}, {1, 3, 0, 2, 2, 1})},
+                           {"--topk-weight", f32({3, 2}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f})}},
+                          {"--expert-num", "4", "--active-expert-range", "1,3", "--row-idx-type",
+                           std::to_string(row_idx_type), "--expert-tokens-num-type",
+                           std::to_string(count_type), "--expert-tokens-num-flag", "1"},
+                          "out" + std::to_string(row_idx_type) + std::to_string(count_type)),
+          {{"expanded_x", f32({6, 2}, {1, 2, 5, 6, 3, 4, 5, 6, 0, 0, 0, 0})},
+           {"expanded_row_idx", row_idx[size_t(row_idx_type)]},
+           {"expert_tokens_count_or_cumsum", counts[size_t(count_type)]},
+           {"expanded_topk_weight", f32({6, 1}, {0.1f, 0.6f, 0.4f, 0.5f, 0, 0})}});
+    }
+}
+
+TEST(CliGoldenForward, Q1DynamicInt8InBothNumerics) {
+  // Spec §3.7 Q1: round half away from zero; the smooth scale row of the pair's expert.
+  TempDir dir;
+  int run_number = 0;
+  for (const char* numerics : {"atlas_a2", "ascend_950"}) {
+    SCOPED_TRACE(numerics);
+    const std::vector<std::string> flags = {"--expert-num", "1",     "--quant-mode", "1",
+                                            "--numerics",   numerics};
+    expect_outputs(run_forward_cli(dir, "init-routing",
+                                   {{"--x", f32({1, 5}, {127.0f, 2.5f, -2.5f, 0.5f, -126.4f})},
+                                    {"--expert-idx", i32({1, 1}, {0})}},
+                                   flags, "out" + std::to_string(run_number++)),
+                   {{"expanded_x", i8({1, 5}, {127, 3, -3, 1, -126})},
+                    {"expanded_row_idx", i32({1}, {0})},
+                    {"expanded_scale", f32({1}, {1.0f})}});
+    expect_outputs(run_forward_cli(dir, "init-routing",
+                                   {{"--x", f32({1, 4}, {1.0f, -0.5f, 0.25f, 0.0f})},
+                                    {"--expert-idx", i32({1, 1}, {0})}},
+                                   flags, "out" + std::to_string(run_number++)),
+                   {{"expanded_x", i8({1, 4}, {127, -64, 32, 0})},
+                    {"expanded_row_idx", i32({1}, {0})},
+                    {"expanded_scale", f32({1}, {0.007874015718698502f})}});
+    expect_outputs(run_forward_cli(dir, "init-routing",
+                                   {{"--x", f32({1, 4}, {1.0f, -0.5f, 0.25f, 0.0f})},
+                                    {"--expert-idx", i32({1, 1}, {1})},
+                                    {"--scale", f32({1, 4}, {2, 1, -4, 1})}},
+                                   {"--expert-num", "2", "--active-expert-range", "1,2",
+                                    "--quant-mode", "1", "--numerics", numerics},
+                                   "out" + std::to_string(run_number++)),
+                   {{"expanded_x", i8({1, 4}, {127, -32, -64, 0})},
+                    {"expanded_row_idx", i32({1}, {0})},
+                    {"expanded_scale", f32({1}, {0.015748031437397003f})}});
+  }
+}
+
+TEST(CliGoldenForward, Q2StaticInt8InBothNumerics) {
+  // Spec §3.7 Q2: half to even (2.5 -> 2), saturation (200.5 -> 127); no expanded_scale.
+  TempDir dir;
+  for (const char* numerics : {"atlas_a2", "ascend_950"})
+    expect_outputs(
+        run_forward_cli(dir, "init-routing",
+                        {{"--x", f32({1, 5}, {1.0f, -0.75f, 0.25f, 100.0f, -1.25f})},
+                         {"--expert-idx", i32({1, 1}, {0})},
+                         {"--scale", f32({1}, {2.0f})},
+                         {"--offset", f32({1}, {0.5f})}},
+                        {"--expert-num", "1", "--quant-mode", "0", "--numerics", numerics},
+                        std::string("out_") + numerics),
+        {{"expanded_x", i8({1, 5}, {2, -1, 1, 127, -2})}, {"expanded_row_idx", i32({1}, {0})}});
+}
+
+TEST(CliGoldenForward, StaticQuantFlavoursDiffer) {
+  // Spec §3.3: x = 3.824000835418701, scale 1.7, no offset: float32 path 6.5008 -> 7 (atlas_a2,
+  // the default), float16 path 6.5 -> 6 (ascend_950).
+  TempDir dir;
+  const std::vector<std::pair<std::string, npy::Array>> inputs = {
+      {"--x", f32({1, 1}, {3.824000835418701f})},
+      {"--expert-idx", i32({1, 1}, {0})},
+      {"--scale", f32({1}, {1.7f})}};
+  const std::vector<std::pair<std::vector<std::string>, int8_t>> cases = {
+      {{}, 7}, {{"--numerics", "atlas_a2"}, 7}, {{"--numerics", "ascend_950"}, 6}};
+  int run_number = 0;
+  for (const auto& [numerics, expected] : cases) {
+    std::vector<std::string> flags = {"--expert-num", "1", "--quant-mode", "0"};
+    flags.insert(flags.end(), numerics.begin(), numerics.end());
+    expect_outputs(
+        run_forward_cli(dir, "init-routing", inputs, flags, "out" + std::to_string(run_number++)),
+        {{"expanded_x", i8({1, 1}, {expected})}, {"expanded_row_idx", i32({1}, {0})}});
+  }
+}
+
+TEST(CliGoldenForward, EmptyInputsGiveEmptyOutputsAndZeroCounts) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, npy::Array>> inputs = {
+      {"--x", npy::Array(DType::float16, {0, 4})},
+      {"--expert-idx", npy::Array(DType::int32, {0, 2})}};
+  expect_outputs(
+      run_forward_cli(dir, "init-routing-v2", inputs,
+                      {"--expert-num", "3", "--expert-tokens-count-or-cumsum-flag", "2"}, "v2"),
+      {{"expanded_x", npy::Array(DType::float16, {0, 4})},
+       {"expanded_row_idx", npy::Array(DType::int32, {0})},
+       {"expert_tokens_count_or_cumsum", i32({3}, {0, 0, 0})}});
+  expect_outputs(run_forward_cli(dir, "init-routing", inputs,
+                                 {"--expert-num", "3", "--expert-tokens-num-flag", "1"}, "v4"),
+                 {{"expanded_x", npy::Array(DType::float16, {0, 4})},
+                  {"expanded_row_idx", npy::Array(DType::int32, {0})},
+                  {"expert_tokens_count_or_cumsum", i64({3}, {0, 0, 0})}});
+}
+
+TEST(CliGoldenForward, CreatesMissingDirectoriesAndReplacesOldFiles) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, npy::Array>> inputs = {
+      {"--x", f32({1, 1}, {5})}, {"--expert-idx", i32({1, 1}, {0})}};
+  const std::map<std::string, npy::Array> expected = {{"expanded_x", f32({1, 1}, {5})},
+                                                      {"expanded_row_idx", i32({1}, {0})}};
+  expect_outputs(run_forward_cli(dir, "init-routing-v2", inputs, {}, "a/b/c"), expected);
+  std::ofstream(dir.file("a/b/c/expanded_x.npy")) << "stale";
+  expect_outputs(run_forward_cli(dir, "init-routing-v2", inputs, {}, "a/b/c"), expected);
+}
+
+// --- golden init-routing-v2 / init-routing: random cases against the library's reference ------
+
+TEST(CliGoldenForward, RandomV2CasesEqualTheReferenceByteForByte) {
+  TempDir dir;
+  testing::Random rng(97531);
+  const testing::Runner reference{Backend::reference, CpuIsa::automatic, 1};
+  const char* backends[] = {"automatic", "cpu", "reference"};
+  int case_number = 0;
+  for (DType dtype : kForwardFloatDtypes)
+    for (int scenario = 0; scenario < 3; ++scenario)  // dropless, active, drop-pad
+      for (int flag = 0; flag < 3; ++flag) {
+        const int64_t n = rng.integer(1, 14), k = rng.integer(1, 5), h = rng.integer(1, 9),
+                      e = rng.integer(1, 9);
+        testing::V2Case c;
+        std::vector<float> x(size_t(n * h));
+        for (float& v : x) v = rng.uniform(int(rng.integer(-6, 6)));
+        c.x = Tensor::floats(dtype, {n, h}, x);
+        std::vector<int32_t> ids(size_t(n * k));
+        for (int32_t& id : ids) id = int32_t(rng.integer(0, e - 1));
+        c.expert_idx = Tensor::int32s({n, k}, ids);
+        c.attrs.expert_num = e;
+        c.attrs.expert_tokens_count_or_cumsum_flag = flag;
+        c.attrs.expert_tokens_before_capacity_flag = flag != 0;
+        if (scenario == 1) c.attrs.active_num = rng.integer(1, n * k + 2);
+        if (scenario == 2) {
+          c.attrs.drop_pad_mode = 1;
+          c.attrs.expert_capacity = rng.integer(1, n);
+        }
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " scenario " << scenario << " flag " << flag
+                     << " N=" << n << " K=" << k << " H=" << h << " E=" << e);
+        const testing::V2Result expected = testing::run_v2(c, reference);
+        ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+
+        // Flags only where they differ from the defaults, as a user would type them.
+        const MoeInitRoutingV2Attrs& a = c.attrs;
+        std::vector<std::string> flags = {"--expert-num", std::to_string(e)};
+        if (a.active_num != 0)
+          flags.insert(flags.end(), {"--active-num", std::to_string(a.active_num)});
+        if (a.drop_pad_mode != 0)
+          flags.insert(flags.end(), {"--drop-pad-mode=1", "--expert-capacity",
+                                     std::to_string(a.expert_capacity)});
+        if (flag != 0)
+          flags.insert(flags.end(), {"--expert-tokens-count-or-cumsum-flag", std::to_string(flag),
+                                     "--expert-tokens-before-capacity-flag", "1"});
+        flags.insert(flags.end(), {"--backend", backends[case_number % 3], "--threads",
+                                   std::to_string(case_number % 4)});
+
+        std::map<std::string, npy::Array> outputs = {
+            {"expanded_x", to_array(expected.expanded_x)},
+            {"expanded_row_idx", to_array(expected.expanded_row_idx)}};
+        if (expected.plan.expert_tokens_count_or_cumsum.produced)
+          outputs["expert_tokens_count_or_cumsum"] = to_array(expected.counts);
+        if (expected.plan.expert_tokens_before_capacity.produced)
+          outputs["expert_tokens_before_capacity"] = to_array(expected.before_capacity);
+        expect_outputs(
+            run_forward_cli(dir, "init-routing-v2",
+                            {{"--x", to_array(c.x)}, {"--expert-idx", to_array(c.expert_idx)}},
+                            flags, "out" + std::to_string(case_number)),
+            outputs);
+        ++case_number;
+      }
+}
+
+TEST(CliGoldenForward, RandomTorchApiCasesEqualTheReferenceByteForByte) {
+  TempDir dir;
+  testing::Random rng(86420);
+  const testing::Runner reference{Backend::reference, CpuIsa::automatic, 1};
+  const char* backends[] = {"automatic", "cpu", "reference"};
+  int case_number = 0;
+  for (DType dtype : {DType::float32, DType::float16, DType::bfloat16, DType::int8})
+    for (int scenario = 0; scenario < 4; ++scenario)  // dropless, partial range, active, drop-pad
+      for (int64_t quant : {-1, 0, 1})
+        for (int64_t row_idx_type : {0, 1}) {
+          if (dtype == DType::int8 && quant != -1) continue;  // int8 x cannot be quantised
+          if (scenario == 3 && (quant != -1 || row_idx_type != 0)) continue;
+          const int64_t n = rng.integer(1, 12), k = rng.integer(1, 4), h = rng.integer(1, 9),
+                        e = rng.integer(1, 8);
+          testing::ForwardCase c;
+          if (dtype == DType::int8) {
+            c.x = Tensor(DType::int8, {n, h});
+            for (uint8_t& b : c.x.bytes) b = uint8_t(rng.next());
+          } else {
+            std::vector<float> x(size_t(n * h));
+            for (float& v : x) v = rng.uniform(int(rng.integer(-4, 7)));
+            c.x = Tensor::floats(dtype, {n, h}, x);
+          }
+          std::vector<int32_t> ids(size_t(n * k));
+          for (int32_t& id : ids) id = int32_t(rng.integer(-1, e));  // -1 and E are not routed
+          c.expert_idx = Tensor::int32s({n, k}, ids);
+          MoeInitRoutingAttrs& a = c.attrs;
+          a.expert_num = e;
+          a.quant_mode = quant;
+          a.row_idx_type = row_idx_type;
+          a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
+          a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
+          a.expert_tokens_num_type = rng.integer(0, 2);
+          int64_t range = e;
+          if (scenario == 1) {
+            const int64_t start = rng.integer(0, e - 1), end = rng.integer(start + 1, e);
+            a.has_active_expert_range = true;
+            a.active_expert_range = {start, end};
+            range = end - start;
+          }
+          if (scenario == 2) a.active_num = rng.integer(1, n * k + 2);
+          if (scenario == 3) {
+            a.drop_pad_mode = 1;
+            a.expert_capacity = rng.integer(1, n);
+          }
+          auto random_floats = [&](int64_t count) {
+            std::vector<float> v(static_cast<size_t>(count));
+            for (float& f : v) f = rng.uniform(int(rng.integer(-3, 3)));
+            return v;
+          };
+          if (rng.integer(0, 1))
+            c.topk_weight = Tensor::floats(DType::float32, {n, k}, random_floats(n * k));
+          if (quant == -1 && rng.integer(0, 1))
+            c.scale = Tensor::floats(DType::float32, {n}, random_floats(n));
+          if (quant == 0) {
+            c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
+            if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(3)});
+          }
+          if (quant == 1 && rng.integer(0, 2) != 0) {
+            const int64_t rows = rng.integer(0, 1) ? range : 1;
+            c.scale = Tensor::floats(DType::float32, {rows, h}, random_floats(rows * h));
+          }
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dtype) << " scenario " << scenario << " quant " << quant
+                       << " row_idx_type " << row_idx_type << " N=" << n << " K=" << k << " H=" << h
+                       << " E=" << e);
+          const testing::ForwardResult expected = testing::run_forward(c, reference);
+          ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+
+          std::vector<std::pair<std::string, npy::Array>> inputs = {
+              {"--x", to_array(c.x)}, {"--expert-idx", to_array(c.expert_idx)}};
+          if (c.scale.present) inputs.push_back({"--scale", to_array(c.scale)});
+          if (c.offset.present) inputs.push_back({"--offset", to_array(c.offset)});
+          if (c.topk_weight.present) inputs.push_back({"--topk-weight", to_array(c.topk_weight)});
+          std::vector<std::string> flags = {"--expert-num", std::to_string(e)};
+          auto add = [&](const char* flag, int64_t value, int64_t default_value) {
+            if (value != default_value) flags.insert(flags.end(), {flag, std::to_string(value)});
+          };
+          add("--active-num", a.active_num, -1);
+          add("--expert-capacity", a.expert_capacity, -1);
+          add("--drop-pad-mode", a.drop_pad_mode, 0);
+          add("--expert-tokens-num-type", a.expert_tokens_num_type, 0);
+          add("--expert-tokens-num-flag", a.expert_tokens_num_flag ? 1 : 0, 0);
+          add("--quant-mode", a.quant_mode, -1);
+          add("--row-idx-type", a.row_idx_type, 0);
+          if (a.has_active_expert_range)
+            flags.push_back("--active-expert-range=" + std::to_string(a.active_expert_range.start) +
+                            "," + std::to_string(a.active_expert_range.end));
+          if (a.flavour == QuantFlavour::ascend_950)
+            flags.insert(flags.end(), {"--numerics", "ascend_950"});
+          flags.insert(flags.end(), {"--backend", backends[case_number % 3], "--threads",
+                                     std::to_string(case_number % 4)});
+
+          std::map<std::string, npy::Array> outputs;
+          const std::pair<const char*, const Tensor*> all[] = {
+              {"expanded_x", &expected.expanded_x},
+              {"expanded_row_idx", &expected.expanded_row_idx},
+              {"expert_tokens_count_or_cumsum", &expected.counts},
+              {"expanded_scale", &expected.expanded_scale},
+              {"expanded_topk_weight", &expected.expanded_topk_weight}};
+          for (const auto& [name, tensor] : all)
+            if (tensor->present) outputs[name] = to_array(*tensor);
+          expect_outputs(run_forward_cli(dir, "init-routing", inputs, flags,
+                                         "out" + std::to_string(case_number)),
+                         outputs);
+          ++case_number;
+        }
+}
+
+// --- golden init-routing-v2 / init-routing: errors ---------------------------------------------
+
+TEST(CliGoldenForward, ErrorsExitWith2AndWriteNothing) {
+  TempDir dir;
+  write_or_fail(dir.file("x.npy"), f32({2, 3}, {1, 2, 3, 4, 5, 6}));
+  write_or_fail(dir.file("idx.npy"), i32({2, 2}, {0, 1, 2, 3}));
+  write_or_fail(dir.file("idx7.npy"), i32({2, 2}, {0, 1, 7, 3}));
+  write_or_fail(dir.file("idxneg.npy"), i32({2, 2}, {0, 1, -2, 3}));
+  write_or_fail(dir.file("idx64.npy"), i64({2, 2}, {0, 1, 2, 3}));
+  write_or_fail(dir.file("scale2.npy"), f32({2}, {1, 2}));
+  write_or_fail(dir.file("x8.npy"), i8({2, 3}, {1, 2, 3, 4, 5, 6}));
+  std::ofstream(dir.file("file.txt")) << "not a directory";
+
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;  // "X", "IDX", "OUT", ... are replaced by paths below
+    std::string message;            // substring of stderr
+    bool exact = false;             // stderr must be exactly message + "\n"
+  };
+  auto v2 = [](std::vector<std::string> extra, const char* idx = "IDX", const char* out = "OUT") {
+    std::vector<std::string> args = {"golden", "init-routing-v2", "--x", "X", "--expert-idx",
+                                     idx,      "--out-dir",       out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  auto v4 = [](std::vector<std::string> extra, const char* idx = "IDX", const char* out = "OUT") {
+    std::vector<std::string> args = {"golden", "init-routing", "--x", "X", "--expert-idx",
+                                     idx,      "--out-dir",    out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const std::vector<Case> cases = {
+      {"v2 missing flags",
+       {"golden", "init-routing-v2"},
+       "moe-routing: golden init-routing-v2: missing required flags: --x FILE, --expert-idx FILE, "
+       "--out-dir DIR"},
+      {"v4 missing --out-dir",
+       {"golden", "init-routing", "--x", "X", "--expert-idx", "IDX"},
+       "moe-routing: golden init-routing: missing required flags: --out-dir DIR"},
+      {"unknown flag", v2({"--expert-nums", "4"}),
+       "moe-routing: golden init-routing-v2: unknown flag '--expert-nums' (did you mean "
+       "--expert-num?"},
+      {"before-capacity flag not 0/1", v2({"--expert-tokens-before-capacity-flag", "2"}),
+       "--expert-tokens-before-capacity-flag must be in [0, 1], got 2"},
+      {"num flag not 0/1", v4({"--expert-num", "4", "--expert-tokens-num-flag", "true"}),
+       "--expert-tokens-num-flag must be an integer in [0, 1], got 'true'"},
+      {"range with one number", v4({"--expert-num", "4", "--active-expert-range", "2"}),
+       "--active-expert-range must be 2 comma-separated integers START,END, got '2'"},
+      {"bad numerics", v4({"--expert-num", "4", "--numerics", "a3"}),
+       "--numerics must be one of atlas_a2, ascend_950, got 'a3'"},
+      {"v2 drop_pad_mode 2 (library)", v2({"--drop-pad-mode", "2"}),
+       "moe_init_routing_v2: drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got 2", true},
+      {"v2 negative active_num (library)", v2({"--active-num", "-1"}),
+       "moe_init_routing_v2: active_num must be >= 0, got -1", true},
+      {"v2 drop-pad without capacity (library)", v2({"--drop-pad-mode", "1", "--expert-num", "4"}),
+       "moe_init_routing_v2: expert_capacity must be >= 1 when drop_pad_mode=1, got 0", true},
+      {"v2 capacity above N (library)",
+       v2({"--drop-pad-mode", "1", "--expert-num", "4", "--expert-capacity", "3"}),
+       "moe_init_routing_v2: expert_capacity must be <= x.size(0) (2) when drop_pad_mode=1, got 3",
+       true},
+      {"v2 counts without expert_num (library)", v2({"--expert-tokens-count-or-cumsum-flag", "1"}),
+       "moe_init_routing_v2: expert_num must be >= 1 when expert_tokens_count_or_cumsum_flag is 1 "
+       "or 2, got 0",
+       true},
+      {"v2 id out of range (library)",
+       v2({"--expert-num", "4", "--expert-tokens-count-or-cumsum-flag", "2"}, "IDX7"),
+       "moe_init_routing_v2: expert_idx[1][0] = 7 is outside [0, 4) (expert_num)", true},
+      {"v2 negative id (library)", v2({}, "IDXNEG"),
+       "moe_init_routing_v2: expert_idx[1][0] = -2 is negative (expert ids must be >= 0)", true},
+      {"v2 int64 ids (library)", v2({}, "IDX64"),
+       "moe_init_routing_v2: expert_idx must be int32, got int64", true},
+      {"v4 expert_num default (library)", v4({}),
+       "moe_init_routing: expert_num must be >= 1, got -1", true},
+      {"v4 range beyond expert_num (library)",
+       v4({"--expert-num", "4", "--active-expert-range", "2,5"}),
+       "moe_init_routing: active_expert_range must be [start, end) with 0 <= start < end <= "
+       "expert_num (4), got [2, 5]",
+       true},
+      {"v4 static quant without scale (library)", v4({"--expert-num", "4", "--quant-mode", "0"}),
+       "moe_init_routing: scale must be given (1-D float32 [1]) when quant_mode=0, got none", true},
+      {"v4 unsupported quant mode (library)", v4({"--expert-num", "4", "--quant-mode", "3"}),
+       "moe_init_routing: quant_mode must be one of the supported modes -1 (none), 0 (static int8) "
+       "or 1 (dynamic int8)"},
+      {"v4 scale of the wrong shape (library)",
+       v4({"--expert-num", "4", "--quant-mode", "0", "--scale", "SCALE2"}),
+       "moe_init_routing: scale must be 1-D float32 [1] when quant_mode=0, got 1-D float32 [2]",
+       true},
+      {"v4 row_idx_type 1 in drop-pad (library)",
+       v4({"--expert-num", "4", "--drop-pad-mode", "1", "--expert-capacity", "1", "--row-idx-type",
+           "1"}),
+       "moe_init_routing: row_idx_type must be 0 when drop_pad_mode=1, got 1", true},
+      {"v4 int8 x with quantisation (library)",
+       {"golden", "init-routing", "--x", "X8", "--expert-idx", "IDX", "--out-dir", "OUT",
+        "--expert-num", "4", "--quant-mode", "1"},
+       "moe_init_routing: x must be float16, bfloat16 or float32 when quant_mode is 0 or 1, got "
+       "int8",
+       true},
+      {"missing input file", v4({"--expert-num", "4"}, "MISSING"),
+       "missing.npy: file must be readable, got 'No such file or directory'"},
+      {"missing optional input file", v4({"--expert-num", "4", "--topk-weight", "MISSING"}),
+       "missing.npy: file must be readable, got 'No such file or directory'"},
+      {"--out-dir is a file", v2({}, "IDX", "FILE"),
+       "moe-routing: golden init-routing-v2: --out-dir must be a directory, got '", false},
+      {"--out-dir under a file", v4({"--expert-num", "4"}, "IDX", "UNDERFILE"),
+       "moe-routing: golden init-routing: --out-dir must be a directory, got '", false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string out = dir.file("out");
+    const std::map<std::string, std::string> paths = {{"X", dir.file("x.npy")},
+                                                      {"X8", dir.file("x8.npy")},
+                                                      {"IDX", dir.file("idx.npy")},
+                                                      {"IDX7", dir.file("idx7.npy")},
+                                                      {"IDXNEG", dir.file("idxneg.npy")},
+                                                      {"IDX64", dir.file("idx64.npy")},
+                                                      {"SCALE2", dir.file("scale2.npy")},
+                                                      {"MISSING", dir.file("missing.npy")},
+                                                      {"OUT", out},
+                                                      {"FILE", dir.file("file.txt")},
+                                                      {"UNDERFILE", dir.file("file.txt/sub")}};
+    std::vector<std::string> args;
+    for (const std::string& a : c.args) args.push_back(paths.count(a) ? paths.at(a) : a);
+    const CliResult r = run_cli(dir, args);
+    EXPECT_EQ(r.exit_code, 2) << describe(args, r);
+    if (c.exact)
+      EXPECT_EQ(r.err, c.message + "\n") << describe(args, r);
+    else
+      EXPECT_NE(r.err.find(c.message), std::string::npos) << describe(args, r);
+    EXPECT_TRUE(r.out.empty()) << describe(args, r);
+    EXPECT_FALSE(exists(out)) << "--out-dir was created";
+    EXPECT_EQ(read_text(dir.file("file.txt")), "not a directory");
+  }
+}
+
+TEST(CliGoldenForward, AFailedWriteLeavesNoPartialSet) {
+  TempDir dir;
+  const std::vector<std::pair<std::string, npy::Array>> inputs = {
+      {"--x", f32({2, 1}, {1, 2})}, {"--expert-idx", i32({2, 1}, {1, 0})}};
+  const std::vector<std::string> flags = {"--expert-num", "2", "--expert-tokens-num-flag", "1"};
+  // The second file's temporary cannot be created: nothing is renamed, and the files already in
+  // the directory keep their contents.
+  ASSERT_EQ(::mkdir(dir.file("a").c_str(), 0755), 0);
+  std::ofstream(dir.file("a/expanded_x.npy")) << "previous x";
+  std::ofstream(dir.file("a/expanded_row_idx.npy")) << "previous idx";
+  ASSERT_EQ(::mkdir(dir.file("a/expanded_row_idx.npy.tmp").c_str(), 0755), 0);
+  ForwardRun run = run_forward_cli(dir, "init-routing", inputs, flags, "a");
+  EXPECT_EQ(run.result.exit_code, 2) << describe(run);
+  EXPECT_NE(
+      run.result.err.find("expanded_row_idx.npy: output must be writable, got 'Is a directory'"),
+      std::string::npos)
+      << describe(run);
+  EXPECT_TRUE(run.result.out.empty()) << describe(run);
+  EXPECT_EQ(run.files, (std::set<std::string>{"expanded_x.npy", "expanded_row_idx.npy",
+                                              "expanded_row_idx.npy.tmp"}));
+  EXPECT_EQ(read_text(dir.file("a/expanded_x.npy")), "previous x");
+  EXPECT_EQ(read_text(dir.file("a/expanded_row_idx.npy")), "previous idx");
+
+  // The second file cannot be renamed into place (a directory has its name): the first, already
+  // renamed, is removed again, and no temporary remains.
+  ASSERT_EQ(::mkdir(dir.file("b").c_str(), 0755), 0);
+  ASSERT_EQ(::mkdir(dir.file("b/expanded_row_idx.npy").c_str(), 0755), 0);
+  run = run_forward_cli(dir, "init-routing", inputs, flags, "b");
+  EXPECT_EQ(run.result.exit_code, 2) << describe(run);
+  EXPECT_NE(
+      run.result.err.find("expanded_row_idx.npy: output must be writable, got 'Is a directory'"),
+      std::string::npos)
+      << describe(run);
+  EXPECT_EQ(run.files, (std::set<std::string>{"expanded_row_idx.npy"}));
+  EXPECT_TRUE(files_in(dir.file("b/expanded_row_idx.npy")).empty());
+}
+
 // --- help, version, info -----------------------------------------------------------------------
 
 TEST(CliHelp, EveryCommandDocumentsEveryFlag) {
@@ -400,6 +1134,43 @@ TEST(CliHelp, EveryCommandDocumentsEveryFlag) {
         "--active-num A", "--order tree|sequential", "--backend automatic|reference|cpu",
         "--threads T", "--out FILE", "--help",
         "Examples:", "moe-routing golden grad --grad-expanded-x"}},
+      {{"golden", "init-routing-v2"},
+       {"--x FILE", "--expert-idx FILE", "--active-num A", "(default: 0)", "--expert-capacity C",
+        "--expert-num E", "--drop-pad-mode 0|1", "--expert-tokens-count-or-cumsum-flag 0|1|2",
+        "--expert-tokens-before-capacity-flag 0|1", "--backend automatic|reference|cpu",
+        "--threads T", "--out-dir DIR", "--help", "expanded_x.npy", "expanded_row_idx.npy",
+        "expert_tokens_count_or_cumsum.npy", "expert_tokens_before_capacity.npy",
+        "Examples:", "moe-routing golden init-routing-v2 --x"}},
+      {{"golden", "init-routing"},
+       {"--x FILE",
+        "--expert-idx FILE",
+        "--scale FILE",
+        "--offset FILE",
+        "--topk-weight FILE",
+        "--active-num A",
+        "(default: -1)",
+        "--expert-capacity C",
+        "--expert-num E",
+        "--drop-pad-mode 0|1",
+        "--expert-tokens-num-type 0|1|2",
+        "--expert-tokens-num-flag 0|1",
+        "--quant-mode -1|0|1",
+        "--active-expert-range START,END",
+        "(default: 0,expert_num)",
+        "--row-idx-type 0|1",
+        "--numerics atlas_a2|ascend_950",
+        "(default: atlas_a2)",
+        "--backend automatic|reference|cpu",
+        "--threads T",
+        "--out-dir DIR",
+        "--help",
+        "expanded_x.npy",
+        "expanded_row_idx.npy",
+        "expert_tokens_count_or_cumsum.npy",
+        "expanded_scale.npy",
+        "expanded_topk_weight.npy",
+        "Examples:",
+        "moe-routing golden init-routing --x"}},
       {{"demo"},
        {"--tokens N", "(default: 4096)", "--hidden H", "--experts E", "(default: 64)", "--top-k K",
         "(default: 8)", "--dtype bf16|fp16|fp32", "(default: bf16)", "--order tree|sequential",
@@ -430,8 +1201,9 @@ TEST(CliHelp, TopLevelHelpVersionAndUnknownCommands) {
   for (const char* flag : {"--help", "-h", "help"}) {
     const CliResult r = run_cli(dir, {flag});
     EXPECT_EQ(r.exit_code, 0) << flag;
-    for (const char* text : {"Usage: moe-routing <command>", "golden grad", "demo", "info",
-                             "--version", "Exit status", "Examples:"})
+    for (const char* text :
+         {"Usage: moe-routing <command>", "golden init-routing-v2", "golden init-routing ",
+          "golden grad", "demo", "info", "--version", "Exit status", "Examples:"})
       EXPECT_NE(r.out.find(text), std::string::npos) << text << " missing from\n" << r.out;
   }
   const CliResult version = run_cli(dir, {"--version"});
@@ -444,19 +1216,22 @@ TEST(CliHelp, TopLevelHelpVersionAndUnknownCommands) {
 
   const CliResult unknown = run_cli(dir, {"frobnicate"});
   EXPECT_EQ(unknown.exit_code, 2);
-  EXPECT_NE(unknown.err.find("moe-routing: command must be one of golden grad, demo, bench, info, help, "
-                             "--help, --version, got 'frobnicate'"),
+  EXPECT_NE(unknown.err.find("moe-routing: command must be one of golden init-routing-v2, golden "
+                             "init-routing, golden grad, demo, bench, info, help, --help, "
+                             "--version, got 'frobnicate'"),
             std::string::npos)
       << unknown.err;
 
   const CliResult group = run_cli(dir, {"golden"});
   EXPECT_EQ(group.exit_code, 2);
-  EXPECT_NE(group.err.find("moe-routing: golden: subcommand must be one of golden grad, got none"),
+  EXPECT_NE(group.err.find("moe-routing: golden: subcommand must be one of golden "
+                           "init-routing-v2, golden init-routing, golden grad, got none"),
             std::string::npos)
       << group.err;
   const CliResult group_help = run_cli(dir, {"help", "golden"});
   EXPECT_EQ(group_help.exit_code, 0);
-  EXPECT_NE(group_help.out.find("golden grad"), std::string::npos) << group_help.out;
+  for (const char* name : {"golden init-routing-v2", "golden init-routing,", "golden grad"})
+    EXPECT_NE(group_help.out.find(name), std::string::npos) << group_help.out;
   const CliResult wrong_sub = run_cli(dir, {"golden", "forward"});
   EXPECT_EQ(wrong_sub.exit_code, 2);
   EXPECT_NE(wrong_sub.err.find("got 'forward'"), std::string::npos) << wrong_sub.err;
@@ -479,7 +1254,7 @@ TEST(CliInfo, ReportsVersionIsaAndThreads) {
 
 // --- demo --------------------------------------------------------------------------------------
 
-TEST(CliDemo, SmallBatchesVerifyInEveryScenario) {
+TEST(CliDemo, SmallBatchesVerifyBothOperatorsInEveryScenario) {
   TempDir dir;
   const std::vector<std::vector<std::string>> runs = {
       {"demo", "--tokens", "67", "--hidden", "45", "--experts", "6", "--top-k", "4", "--runs", "2"},
@@ -491,20 +1266,34 @@ TEST(CliDemo, SmallBatchesVerifyInEveryScenario) {
   for (const auto& args : runs) {
     const CliResult r = run_cli(dir, args);
     ASSERT_EQ(r.exit_code, 0) << describe(args, r);
-    EXPECT_NE(r.err.find("[demo] drop_pad: verifying against the reference backend"),
-              std::string::npos)
-        << r.err;
-    int rows = 0;
+    for (const char* scenario : {"dropless", "active", "drop_pad"})
+      for (const char* op : {"moe_init_routing_v2", "moe_init_routing_grad"}) {
+        const std::string progress =
+            std::string("[demo] ") + scenario + ": " + op + ": bitwise identical";
+        EXPECT_NE(r.err.find(progress), std::string::npos) << progress << " missing from\n"
+                                                           << r.err;
+      }
+    // One row per (operator, scenario), each verified; the order column only for the backward.
+    const bool sequential = std::find(args.begin(), args.end(), "sequential") != args.end();
+    std::vector<std::string> rows;
     std::istringstream lines(r.out);
     std::string line;
     while (std::getline(lines, line)) {
-      for (const char* scenario : {"dropless ", "active ", "drop_pad "})
-        if (line.rfind(scenario, 0) == 0) {
-          ++rows;
-          EXPECT_NE(line.find(" yes"), std::string::npos) << line;
-        }
+      std::istringstream words(line);
+      std::string op, scenario, dtype, order;
+      words >> op >> scenario >> dtype >> order;
+      if (op != "moe_init_routing_v2" && op != "moe_init_routing_grad") continue;
+      if (scenario != "dropless" && scenario != "active" && scenario != "drop_pad") continue;
+      rows.push_back(op + " " + scenario);
+      const std::string grad_order = sequential ? "sequential" : "tree";
+      EXPECT_EQ(order, op == "moe_init_routing_v2" ? "-" : grad_order) << line;
+      EXPECT_NE(line.find(" yes"), std::string::npos) << line;
     }
-    EXPECT_EQ(rows, 3) << r.out;
+    EXPECT_EQ(rows, (std::vector<std::string>{
+                        "moe_init_routing_v2 dropless", "moe_init_routing_grad dropless",
+                        "moe_init_routing_v2 active", "moe_init_routing_grad active",
+                        "moe_init_routing_v2 drop_pad", "moe_init_routing_grad drop_pad"}))
+        << r.out;
   }
 }
 
@@ -528,8 +1317,8 @@ TEST(CliDemo, RejectsImpossibleSizes) {
 TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   TempDir dir;
   const std::string csv = dir.file("bench.csv");
-  const CliResult r = run_cli(dir, {"bench", "--shape", "mixtral", "--tokens", "3,17", "--runs", "1", "--threads", "2",
-                               "--dtype", "fp16", "--csv", csv});
+  const CliResult r = run_cli(dir, {"bench", "--shape", "mixtral", "--tokens", "3,17", "--runs",
+                                    "1", "--threads", "2", "--dtype", "fp16", "--csv", csv});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("copy bandwidth"), std::string::npos);
   // 2 token counts x (3 backward + 2 forward scenarios), each a row naming its scenario.

@@ -1,6 +1,6 @@
-// The demo's synthetic routing (tools/cli/synthetic.h): the forward's expanded_row_idx on the
-// spec's worked examples (§2.6), properties of the random routing, and that every derived
-// backward problem is valid for the library.
+// The demo's synthetic routing (tools/cli/synthetic.h): the scenarios, the library forward's
+// expanded_row_idx on the spec's worked examples (§2.6), properties of the random routing, and
+// that every derived backward problem is valid for the library.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,16 +14,73 @@ namespace {
 
 using Indices = std::vector<int32_t>;
 
+RoutingScenario dropless(int64_t expert_num) {
+  RoutingScenario s;
+  s.attrs.expert_num = expert_num;
+  return s;
+}
+
+TEST(CliSynthetic, ScenariosAreCannsThreeConfigurations) {
+  const int64_t n = 301, k = 3, e = 10, pairs = n * k;
+  const std::vector<RoutingScenario> s = routing_scenarios(n, k, e);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0].scenario, GradScenario::dropless);
+  EXPECT_EQ(s[0].attrs.drop_pad_mode, 0);
+  EXPECT_EQ(s[0].attrs.active_num, 0);
+  EXPECT_EQ(s[0].attrs.expert_tokens_count_or_cumsum_flag, 2);
+  EXPECT_EQ(s[1].scenario, GradScenario::active);
+  EXPECT_EQ(s[1].attrs.active_num, pairs * 3 / 4);
+  EXPECT_EQ(s[1].attrs.expert_tokens_count_or_cumsum_flag, 1);
+  EXPECT_EQ(s[2].scenario, GradScenario::drop_pad);
+  EXPECT_EQ(s[2].attrs.drop_pad_mode, 1);
+  EXPECT_EQ(s[2].attrs.expert_capacity, (pairs + e - 1) / e);  // 91
+  EXPECT_TRUE(s[2].attrs.expert_tokens_before_capacity_flag);
+  for (const RoutingScenario& scenario : s) EXPECT_EQ(scenario.attrs.expert_num, e);
+  // One pair: active_num never drops to 0 (which would mean "dropless").
+  EXPECT_EQ(routing_scenarios(1, 1, 1)[1].attrs.active_num, 1);
+  // Capacity stays within N (the library requires it) when K == E.
+  EXPECT_EQ(routing_scenarios(7, 5, 5)[2].attrs.expert_capacity, 7);
+}
+
 TEST(CliSynthetic, ForwardMatchesTheSpecExamples) {
   // G1's forward: expert_idx [[2,0,1],[0,2,1]], E=3.
-  EXPECT_EQ(forward_expanded_row_idx({2, 0, 1, 0, 2, 1}, 3, 3, 0, 0), (Indices{4, 0, 2, 1, 5, 3}));
-  // F1: expert_idx [[1,0],[2,1],[0,2]], E=3 (active_num does not change expanded_row_idx).
-  EXPECT_EQ(forward_expanded_row_idx({1, 0, 2, 1, 0, 2}, 2, 3, 0, 0), (Indices{2, 0, 4, 3, 1, 5}));
+  EXPECT_EQ(forward_expanded_row_idx({2, 0, 1, 0, 2, 1}, 3, dropless(3)),
+            (Indices{4, 0, 2, 1, 5, 3}));
+  // F1: expert_idx [[1,0],[2,1],[0,2]], E=3; active_num does not change expanded_row_idx.
+  EXPECT_EQ(forward_expanded_row_idx({1, 0, 2, 1, 0, 2}, 2, dropless(3)),
+            (Indices{2, 0, 4, 3, 1, 5}));
+  RoutingScenario active = dropless(3);
+  active.attrs.active_num = 3;
+  active.attrs.expert_tokens_count_or_cumsum_flag = 1;
+  EXPECT_EQ(forward_expanded_row_idx({1, 0, 2, 1, 0, 2}, 2, active), (Indices{2, 0, 4, 3, 1, 5}));
   // F2: drop-pad, expert_idx [[0,1],[0,2],[0,1],[1,0]], E=3, C=2.
-  EXPECT_EQ(forward_expanded_row_idx({0, 1, 0, 2, 0, 1, 1, 0}, 2, 3, 1, 2),
+  RoutingScenario drop_pad = dropless(3);
+  drop_pad.attrs.drop_pad_mode = 1;
+  drop_pad.attrs.expert_capacity = 2;
+  drop_pad.attrs.expert_tokens_before_capacity_flag = true;
+  EXPECT_EQ(forward_expanded_row_idx({0, 1, 0, 2, 0, 1, 1, 0}, 2, drop_pad),
             (Indices{0, 2, 1, 4, -1, 3, -1, -1}));
   // The seed's example expanded_row_idx 4 1 5 3 0 2 is what expert_idx [[3,1],[3,2],[0,1]] gives.
-  EXPECT_EQ(forward_expanded_row_idx({3, 1, 3, 2, 0, 1}, 2, 4, 0, 0), (Indices{4, 1, 5, 3, 0, 2}));
+  EXPECT_EQ(forward_expanded_row_idx({3, 1, 3, 2, 0, 1}, 2, dropless(4)),
+            (Indices{4, 1, 5, 3, 0, 2}));
+  // No pairs at all.
+  EXPECT_EQ(forward_expanded_row_idx({}, 2, dropless(4)), Indices{});
+}
+
+TEST(CliSynthetic, ForwardReportsTheLibrarysErrors) {
+  RoutingScenario counted = dropless(3);
+  counted.attrs.expert_tokens_count_or_cumsum_flag = 2;
+  try {
+    forward_expanded_row_idx({0, 1, 3, 2}, 2, counted);
+    FAIL() << "an id >= expert_num must be rejected";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.code(), StatusCode::index_out_of_range);
+    EXPECT_STREQ(error.what(),
+                 "moe_init_routing_v2: expert_idx[1][0] = 3 is outside [0, 3) (expert_num)");
+  }
+  RoutingScenario drop_pad = dropless(3);
+  drop_pad.attrs.drop_pad_mode = 1;  // expert_capacity 0
+  EXPECT_THROW(forward_expanded_row_idx({0, 1}, 2, drop_pad), Error);
 }
 
 TEST(CliSynthetic, RandomRoutingIsDistinctInRangeSkewedAndSeeded) {
@@ -87,6 +144,36 @@ TEST(CliSynthetic, ProblemsHaveCannsShapesAndAreValid) {
     EXPECT_TRUE(slots.insert(slot).second) << "slot " << slot << " used twice";
   }
   EXPECT_GT(dropped, 0);
+
+  // Each problem's indices are what the library's reference forward returns with real rows.
+  const std::vector<RoutingScenario> scenarios = routing_scenarios(n, k, e);
+  std::vector<float> x(size_t(n * 2), 1.0f);
+  for (size_t i = 0; i < scenarios.size(); ++i) {
+    MoeInitRoutingV2Plan plan;
+    const TensorView xv(x.data(), DType::float32, {n, 2});
+    const TensorView ids(expert_idx.data(), DType::int32, {n, k});
+    ASSERT_TRUE(infer_moe_init_routing_v2(xv, ids, scenarios[i].attrs, &plan).is_ok());
+    std::vector<float> expanded_x(size_t(plan.expanded_x.numel()));
+    Indices row_idx(static_cast<size_t>(pairs));
+    std::vector<int32_t> counts(static_cast<size_t>(e));
+    auto view = [](void* data, const OutputSpec& spec) {
+      return spec.produced ? TensorView(data, spec.dtype, spec.ndim, spec.shape) : TensorView();
+    };
+    ExecConfig reference;
+    reference.backend = Backend::reference;
+    const Status s =
+        moe_init_routing_v2(xv, ids, scenarios[i].attrs, view(expanded_x.data(), plan.expanded_x),
+                            view(row_idx.data(), plan.expanded_row_idx),
+                            view(counts.data(), plan.expert_tokens_count_or_cumsum),
+                            view(counts.data(), plan.expert_tokens_before_capacity), reference);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(problems[i].expanded_row_idx, row_idx) << grad_scenario_name(problems[i].scenario);
+    // grad_expanded_x has the forward's expanded_x shape, with the problem's hidden size.
+    std::vector<int64_t> forward_shape(plan.expanded_x.shape,
+                                       plan.expanded_x.shape + plan.expanded_x.ndim);
+    forward_shape.back() = h;
+    EXPECT_EQ(problems[i].grad_shape, forward_shape) << grad_scenario_name(problems[i].scenario);
+  }
 
   for (const GradProblem& problem : problems) {
     std::vector<float> grad(size_t(problem.grad_shape[0] * problem.grad_shape[1] *

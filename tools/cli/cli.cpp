@@ -1,4 +1,5 @@
 // The driver: top-level help, --version, `help <command>`, and dispatch by command words.
+#include <algorithm>
 #include <iostream>
 #include <new>
 
@@ -22,15 +23,18 @@ Flags:
   --version     print the version and exit
 
 Files are NumPy .npy arrays: float32 '<f4', float16 '<f2', bfloat16 stored as its uint16 bit
-patterns '<u2', indices int32 '<i4'. Save bf16 from torch with t.view(torch.uint16).numpy().
+patterns '<u2', int8 '|i1', indices and counts int32 '<i4' or int64 '<i8'. Save bf16 from torch
+with t.view(torch.uint16).numpy().
 
 Exit status: 0 success; 1 the demo's results did not verify; 2 bad flag, bad file or invalid
 input (the message on stderr says which; no output file is written).
 
 Examples:
   moe-routing demo --tokens 1024 --dtype fp16
+  moe-routing golden init-routing-v2 --x x.npy --expert-idx idx.npy --expert-num 8 --out-dir fwd
+  moe-routing golden init-routing --x x.npy --expert-idx idx.npy --expert-num 8 --out-dir fwd
   moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 8 --out gx.npy
-  moe-routing help golden grad
+  moe-routing help golden init-routing
 )";
 
 std::vector<std::string> split_words(const std::string& name) {
@@ -58,11 +62,13 @@ size_t match_words(const std::vector<std::string>& args, size_t first, const std
 }
 
 std::string top_level_help(const std::vector<std::unique_ptr<Command>>& commands) {
+  size_t width = 0;  // the summaries start two columns after the longest name
+  for (const auto& command : commands) width = std::max(width, command->info().name.size());
   std::string list;
   for (const auto& command : commands) {
     const CommandInfo info = command->info();
     std::string row = "  " + info.name;
-    row.append(row.size() < 16 ? 16 - row.size() : 1, ' ');
+    row.append(width + 4 - row.size(), ' ');
     list += row + info.summary + '\n';
   }
   std::string text = std::string("moe-routing ") + version() +
@@ -152,6 +158,8 @@ int dispatch(const std::vector<std::string>& args) {
 
 std::vector<std::unique_ptr<Command>> make_commands() {
   std::vector<std::unique_ptr<Command>> commands;
+  commands.push_back(make_golden_init_routing_v2_command());
+  commands.push_back(make_golden_init_routing_command());
   commands.push_back(make_golden_grad_command());
   commands.push_back(make_demo_command());
   commands.push_back(make_bench_command());

@@ -4,6 +4,9 @@
 #include "commands.h"
 #include "moe_routing/moe_routing.hpp"
 #include "npy.h"
+#if defined(MOE_ROUTING_HAVE_CUDA)
+#include "cuda/device_memory.h"
+#endif
 
 namespace moe_routing::cli {
 namespace {
@@ -62,6 +65,10 @@ is written atomically: on any error nothing is written.)",
     p.add_string("--out", "FILE", "where to write grad_x .npy [N, H] (replaced atomically)",
                  &out_path_)
         .required();
+    p.add_choice("--device",
+                 "where it runs: cpu, or cuda (the GPU, same bits; needs a build with "
+                 "MOE_ROUTING_CUDA and --backend automatic)",
+                 {"cpu", "cuda"}, &device_);
   }
 
   int run(const ArgParser&) override {
@@ -86,7 +93,10 @@ is written atomically: on any error nothing is written.)",
     s = infer_moe_init_routing_grad(grad.view(), index.view(), attrs, &plan);
     if (!s.is_ok()) return report_error(s);
     npy::Array grad_x(plan.dtype, {plan.grad_x_shape[0], plan.grad_x_shape[1]});
-    s = moe_init_routing_grad(grad.view(), index.view(), attrs, grad_x.view(), config);
+    if (device_ == "cuda")
+      s = run_on_cuda(grad, index, attrs, config, &grad_x);
+    else
+      s = moe_init_routing_grad(grad.view(), index.view(), attrs, grad_x.view(), config);
     if (!s.is_ok()) return report_error(s);
     s = npy::write(out_path_, grad_x);
     if (!s.is_ok()) return report_error(s);
@@ -97,9 +107,39 @@ is written atomically: on any error nothing is written.)",
   }
 
  private:
+  /// --device cuda: the inputs copied to the GPU, the operator run there, grad_x copied back.
+  static Status run_on_cuda(const npy::Array& grad, const npy::Array& index,
+                            const MoeInitRoutingGradAttrs& attrs, const ExecConfig& config,
+                            npy::Array* grad_x) {
+#if defined(MOE_ROUTING_HAVE_CUDA)
+    std::string why;
+    if (!cuda::device_available(&why))
+      return runtime_error("moe-routing: golden grad: --device cuda needs a CUDA GPU, got none (",
+                           why, ")");
+    cuda::DeviceBuffer grad_device, index_device, out_device;
+    MOE_ROUTING_RETURN_IF_ERROR(grad_device.upload(grad.bytes.data(), grad.bytes.size()));
+    MOE_ROUTING_RETURN_IF_ERROR(index_device.upload(index.bytes.data(), index.bytes.size()));
+    MOE_ROUTING_RETURN_IF_ERROR(out_device.allocate(grad_x->bytes.size()));
+    auto on_device = [](TensorView view, const cuda::DeviceBuffer& buffer) {
+      view.data = buffer.data();
+      view.device = Device::cuda;
+      return view;
+    };
+    MOE_ROUTING_RETURN_IF_ERROR(moe_init_routing_grad(
+        on_device(grad.view(), grad_device), on_device(index.view(), index_device), attrs,
+        on_device(grad_x->view(), out_device), config));
+    return out_device.download(grad_x->bytes.data(), grad_x->bytes.size());
+#else
+    static_cast<void>(grad), static_cast<void>(index), static_cast<void>(attrs),
+        static_cast<void>(config), static_cast<void>(grad_x);
+    return not_supported("moe-routing: golden grad: --device cuda needs a build with CUDA (cmake "
+                         "-DMOE_ROUTING_CUDA=ON), got a build without it");
+#endif
+  }
+
   std::string grad_path_, index_path_, out_path_;
   int64_t top_k_ = 0, drop_pad_mode_ = 0, active_num_ = 0, threads_ = 0;
-  std::string order_ = "tree", backend_ = "automatic";
+  std::string order_ = "tree", backend_ = "automatic", device_ = "cpu";
 };
 
 }  // namespace

@@ -389,9 +389,10 @@ Status encode(const Array& array, const std::string& name, std::vector<uint8_t>*
   return Status::ok();
 }
 
-Status write(const std::string& path, const Array& array) {
-  std::vector<uint8_t> bytes;
-  MOE_ROUTING_RETURN_IF_ERROR(encode(array, path, &bytes));
+namespace {
+
+/// Writes `bytes` to `<path>.tmp` and flushes it to disk; removes the temporary on failure.
+Status write_temporary(const std::string& path, const std::vector<uint8_t>& bytes) {
   const std::string temporary = path + ".tmp";
   std::FILE* f = std::fopen(temporary.c_str(), "wb");
   if (f == nullptr)
@@ -406,10 +407,36 @@ Status write(const std::string& path, const Array& array) {
   if (saved_errno == 0) step(std::fflush(f) == 0);
   if (saved_errno == 0) step(::fsync(fileno(f)) == 0);
   step(std::fclose(f) == 0);
-  if (saved_errno == 0) step(std::rename(temporary.c_str(), path.c_str()) == 0);
   if (saved_errno != 0) {
     std::remove(temporary.c_str());
     return file_error(path, "output must be writable, got '", std::strerror(saved_errno), "'");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status write(const std::string& path, const Array& array) { return write_all({{path, &array}}); }
+
+Status write_all(const std::vector<OutputFile>& files) {
+  // Encode everything first: an unencodable array fails before any file is touched.
+  std::vector<std::vector<uint8_t>> encoded(files.size());
+  for (size_t i = 0; i < files.size(); ++i)
+    MOE_ROUTING_RETURN_IF_ERROR(encode(*files[i].array, files[i].path, &encoded[i]));
+  for (size_t i = 0; i < files.size(); ++i) {
+    const Status written = write_temporary(files[i].path, encoded[i]);
+    if (!written.is_ok()) {
+      for (size_t j = 0; j < i; ++j) std::remove((files[j].path + ".tmp").c_str());
+      return written;
+    }
+  }
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (std::rename((files[i].path + ".tmp").c_str(), files[i].path.c_str()) == 0) continue;
+    const int saved_errno = errno;
+    for (size_t j = 0; j < i; ++j) std::remove(files[j].path.c_str());
+    for (size_t j = i; j < files.size(); ++j) std::remove((files[j].path + ".tmp").c_str());
+    return file_error(files[i].path, "output must be writable, got '", std::strerror(saved_errno),
+                      "'");
   }
   return Status::ok();
 }

@@ -55,4 +55,18 @@ Status encode(const Array& array, const std::string& name, std::vector<uint8_t>*
 /// Encodes and writes atomically (`<path>.tmp`, then rename). On error `path` is untouched.
 Status write(const std::string& path, const Array& array);
 
+/// One file of a write_all() set.
+struct OutputFile {
+  std::string path;
+  const Array* array = nullptr;
+};
+
+/// Writes several arrays as one unit: every file is encoded and written completely to
+/// `<path>.tmp` first, and only then are the temporaries renamed onto their paths. On error no
+/// temporary remains; if the failure came before the renames (encoding, a full disk, an
+/// unwritable directory) every file previously at the paths is untouched, and if a rename fails
+/// (rare: each temporary sits beside its path) the files already renamed are removed, so a
+/// partial set never remains.
+Status write_all(const std::vector<OutputFile>& files);
+
 }  // namespace moe_routing::npy

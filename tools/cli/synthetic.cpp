@@ -35,57 +35,80 @@ std::vector<int32_t> random_expert_idx(int64_t num_tokens, int64_t top_k, int64_
   return expert_idx;
 }
 
-std::vector<int32_t> forward_expanded_row_idx(const std::vector<int32_t>& expert_idx, int64_t top_k,
-                                              int64_t expert_num, int64_t drop_pad_mode,
-                                              int64_t expert_capacity) {
-  (void)top_k;  // the flat order p = i*K + t is the vector's own order
-  const int64_t pairs = int64_t(expert_idx.size());
-  // Counting sort by expert: stable, so ties keep ascending p (spec §2.4 step 2).
-  std::vector<int64_t> start(size_t(expert_num) + 1, 0);
-  for (int32_t e : expert_idx) ++start[size_t(e) + 1];
-  for (int64_t e = 0; e < expert_num; ++e) start[size_t(e + 1)] += start[size_t(e)];
-  std::vector<int32_t> expanded_row_idx(static_cast<size_t>(pairs));
-  std::vector<int64_t> next(start.begin(), start.end() - 1);  // next destination per expert
-  for (int64_t p = 0; p < pairs; ++p) {
-    const int32_t e = expert_idx[size_t(p)];
-    const int64_t d = next[size_t(e)]++;
-    if (drop_pad_mode == 0) {
-      expanded_row_idx[size_t(p)] = int32_t(d);
-    } else {
-      const int64_t rank = d - start[size_t(e)];  // rank among expert e's pairs, ascending p
-      expanded_row_idx[size_t(p)] =
-          rank < expert_capacity ? int32_t(e * expert_capacity + rank) : -1;
-    }
+std::vector<RoutingScenario> routing_scenarios(int64_t num_tokens, int64_t top_k,
+                                               int64_t expert_num) {
+  const int64_t pairs = num_tokens * top_k;
+  std::vector<RoutingScenario> scenarios(3);
+
+  scenarios[0].scenario = GradScenario::dropless;
+  scenarios[0].attrs.expert_num = expert_num;
+  scenarios[0].attrs.expert_tokens_count_or_cumsum_flag = 2;  // count
+
+  scenarios[1].scenario = GradScenario::active;
+  scenarios[1].attrs.expert_num = expert_num;
+  scenarios[1].attrs.active_num = std::max<int64_t>(1, pairs * 3 / 4);
+  scenarios[1].attrs.expert_tokens_count_or_cumsum_flag = 1;  // cumsum
+
+  scenarios[2].scenario = GradScenario::drop_pad;
+  scenarios[2].attrs.expert_num = expert_num;
+  scenarios[2].attrs.drop_pad_mode = 1;
+  scenarios[2].attrs.expert_capacity = (pairs + expert_num - 1) / expert_num;  // ceil(N*K / E)
+  scenarios[2].attrs.expert_tokens_before_capacity_flag = true;
+  return scenarios;
+}
+
+GradProblem grad_problem(const RoutingScenario& forward, int64_t num_tokens, int64_t top_k,
+                         int64_t hidden, std::vector<int32_t> expanded_row_idx) {
+  const MoeInitRoutingV2Attrs& a = forward.attrs;
+  const int64_t pairs = num_tokens * top_k;
+  GradProblem problem;
+  problem.scenario = forward.scenario;
+  problem.attrs.top_k = top_k;
+  problem.expanded_row_idx = std::move(expanded_row_idx);
+  if (a.drop_pad_mode == 1) {
+    problem.attrs.drop_pad_mode = 1;
+    problem.expert_capacity = a.expert_capacity;
+    problem.grad_shape = {a.expert_num, a.expert_capacity, hidden};
+  } else if (a.active_num > 0) {
+    problem.attrs.active_num = a.active_num;
+    problem.grad_shape = {std::min(a.active_num, pairs), hidden};
+  } else {
+    problem.grad_shape = {pairs, hidden};
   }
+  return problem;
+}
+
+std::vector<int32_t> forward_expanded_row_idx(const std::vector<int32_t>& expert_idx, int64_t top_k,
+                                              const RoutingScenario& forward) {
+  const int64_t num_tokens = top_k > 0 ? int64_t(expert_idx.size()) / top_k : 0;
+  // Hidden size 0: the library routes without copying a row. The views still get a non-null
+  // pointer, as a caller's empty tensors would have.
+  float no_data = 0.0f;
+  const TensorView x(&no_data, DType::float32, {num_tokens, 0});
+  const TensorView ids(expert_idx.data(), DType::int32, {num_tokens, top_k});
+  MoeInitRoutingV2Plan plan;
+  throw_if_error(infer_moe_init_routing_v2(x, ids, forward.attrs, &plan));
+  std::vector<int32_t> expanded_row_idx(size_t(plan.expanded_row_idx.numel()));
+  std::vector<int32_t> counts(size_t(std::max<int64_t>(plan.expert_num, 1)));
+  auto view = [&](const OutputSpec& spec, void* data) {
+    if (!spec.produced) return TensorView();
+    return TensorView(data != nullptr ? data : &no_data, spec.dtype, spec.ndim, spec.shape);
+  };
+  const OutputSpec& count_spec = plan.expert_tokens_count_or_cumsum;
+  const OutputSpec& before_spec = plan.expert_tokens_before_capacity;
+  throw_if_error(moe_init_routing_v2(x, ids, forward.attrs, view(plan.expanded_x, &no_data),
+                                     view(plan.expanded_row_idx, expanded_row_idx.data()),
+                                     view(count_spec, counts.data()),
+                                     view(before_spec, counts.data())));
   return expanded_row_idx;
 }
 
 std::vector<GradProblem> grad_problems(const std::vector<int32_t>& expert_idx, int64_t num_tokens,
                                        int64_t top_k, int64_t expert_num, int64_t hidden) {
-  const int64_t pairs = num_tokens * top_k;
   std::vector<GradProblem> problems;
-  std::vector<int32_t> gather = forward_expanded_row_idx(expert_idx, top_k, expert_num, 0, 0);
-
-  auto add = [&](GradScenario scenario, std::vector<int64_t> grad_shape,
-                 std::vector<int32_t> expanded_row_idx) -> GradProblem& {
-    GradProblem problem;
-    problem.scenario = scenario;
-    problem.attrs.top_k = top_k;
-    problem.grad_shape = std::move(grad_shape);
-    problem.expanded_row_idx = std::move(expanded_row_idx);
-    problems.push_back(std::move(problem));
-    return problems.back();
-  };
-  add(GradScenario::dropless, {pairs, hidden}, gather);
-
-  const int64_t active_num = std::max<int64_t>(1, pairs * 3 / 4);
-  add(GradScenario::active, {active_num, hidden}, gather).attrs.active_num = active_num;
-
-  const int64_t capacity = (pairs + expert_num - 1) / expert_num;  // ceil(1.0 * N*K / E)
-  GradProblem& drop_pad = add(GradScenario::drop_pad, {expert_num, capacity, hidden},
-                              forward_expanded_row_idx(expert_idx, top_k, expert_num, 1, capacity));
-  drop_pad.attrs.drop_pad_mode = 1;
-  drop_pad.expert_capacity = capacity;
+  for (const RoutingScenario& forward : routing_scenarios(num_tokens, top_k, expert_num))
+    problems.push_back(grad_problem(forward, num_tokens, top_k, hidden,
+                                    forward_expanded_row_idx(expert_idx, top_k, forward)));
   return problems;
 }
 
