@@ -8,7 +8,7 @@ BUILD_DIR ?= build
 ASAN_BUILD_DIR ?= build-asan
 JOBS ?= $(shell nproc)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv
+APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv clang libclang-rt-14-dev
 
 CMAKE_FLAGS ?=
 VENV ?= .venv
@@ -69,8 +69,33 @@ python: venv
 test-python: python
 	cd tests/python && ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
 
-test: test-cpp test-asan test-python
+test: test-cpp test-asan test-python fuzz
 	@echo "== make test: every suite passed"
+
+# libFuzzer on the C ABI (fuzz/fuzz_c_api.cpp), built with clang, ASan and UBSan in its own tree:
+# first replays every saved crash (fuzz/regressions/*.bin) once, then fuzzes for FUZZ_SECONDS from
+# the committed seeds (fuzz/corpus/; new inputs go to $(FUZZ_BUILD_DIR)/corpus). A crash, leak,
+# sanitizer report, timeout or oracle failure exits non-zero and leaves the input in
+# $(FUZZ_BUILD_DIR)/ (crash-*, leak-*, timeout-*).
+FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+.PHONY: fuzz
+fuzz: deps
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMOE_ROUTING_FUZZ=ON -DMOE_ROUTING_BUILD_TESTS=OFF -DMOE_ROUTING_BUILD_CLI=OFF >/dev/null
+	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target fuzz_c_api
+	shopt -s nullglob; regressions=(fuzz/regressions/*.bin); \
+	if [ $${#regressions[@]} -gt 0 ]; then \
+	  echo "== replaying $${#regressions[@]} regression input(s)"; \
+	  $(FUZZ_ENV) $(FUZZ_BUILD_DIR)/fuzz_c_api $${regressions[@]}; \
+	fi
+	mkdir -p $(FUZZ_BUILD_DIR)/corpus
+	$(FUZZ_ENV) $(FUZZ_BUILD_DIR)/fuzz_c_api -max_total_time=$(FUZZ_SECONDS) -timeout=20 \
+	  -print_final_stats=1 -artifact_prefix=$(FUZZ_BUILD_DIR)/ $(FUZZ_BUILD_DIR)/corpus fuzz/corpus \
+	  2>&1 | grep -v -E '^#[0-9]+.*(NEW|REDUCE|pulse)|# Uses: [0-9]+$$|recommended dictionary'
+	@echo "== make fuzz: no crash, leak or sanitizer report in $(FUZZ_SECONDS) s"
 
 demo: build python
 	$(BUILD_DIR)/moe-routing demo

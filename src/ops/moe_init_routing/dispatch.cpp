@@ -1,5 +1,6 @@
 // moe_init_routing_v2 and moe_init_routing entry points: infer, check the outputs and the data,
 // reduce the call to a RoutingProblem and hand it to a backend.
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -54,10 +55,16 @@ Status check_backend(const char* op, const TensorView& x, const ExecConfig& conf
 }
 
 /// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
+/// Saturates instead of overflowing: with no rows, H may be anything (x [0, H] is valid).
 int64_t routing_bytes(const RoutingProblem& problem) {
-  const int64_t row_bytes =
-      problem.hidden * int64_t(problem.quant_mode == -1 ? dtype_size(problem.x_dtype) : 1);
-  return problem.expanded_rows * row_bytes + problem.pairs() * 12;
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t index_bytes = problem.pairs() * 12;
+  const int64_t element =
+      std::max<int64_t>(1, problem.quant_mode == -1 ? int64_t(dtype_size(problem.x_dtype)) : 1);
+  const int64_t rows = problem.expanded_rows, hidden = problem.hidden;
+  if (rows == 0 || hidden == 0) return index_bytes;
+  if (hidden > (kMax - index_bytes) / element / rows) return kMax;
+  return rows * hidden * element + index_bytes;
 }
 
 /// Runs the problem on the configured backend. Backends allocate everything before writing, so

@@ -123,7 +123,8 @@ void moe_init_routing(const RoutingProblem& pr) {
       drop_pad_row_idx[size_t(p)] = int32_t(e * C + c);
     }
   }
-  std::vector<float> scratch(size_t(pr.quant_mode == 1 ? pr.hidden : 0));
+  // Only when a row is quantised: an empty expanded_x may have any H (x [0, H] is valid).
+  std::vector<float> scratch(size_t(pr.quant_mode == 1 && pr.expanded_rows > 0 ? pr.hidden : 0));
   quantize::StaticParams static_params;
   if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
 

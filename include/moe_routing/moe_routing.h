@@ -1,0 +1,485 @@
+/*
+ * moe_routing C ABI: the MoE routing operators behind a C99 interface in the style of CANN's aclnn
+ * two-phase calls. Usable from C (C99 or later) and from C++ (the declarations are extern "C").
+ *
+ * Flow of one operator call (see docs/c_api.md for a complete example):
+ *   1. Describe every tensor with mrCreateTensor (a handle around the caller's buffer; nothing is
+ *      copied or allocated for the data). The output shapes come from the *InferShape functions.
+ *   2. Phase one, mr<Operator>GetWorkspaceSize: validates everything that can be checked without
+ *      reading data (shapes, dtypes, devices, attributes, missing buffers), plans the call, and
+ *      returns the workspace size and an executor. No tensor data is read or written.
+ *   3. Optionally tune the executor (mrSetAccumulationOrder, mrSetQuantFlavour).
+ *   4. Phase two, mr<Operator>(workspace, workspaceSize, executor, stream): validates the index
+ *      values, computes, and frees the executor. The CPU needs no workspace (the forward's sort
+ *      allocates its scratch memory itself).
+ *   5. Destroy the tensor handles (mrDestroyTensor). The buffers remain the caller's.
+ *
+ * Conventions (every function):
+ *   - Every function that returns mrStatus is safe to call with any argument values: it never
+ *     throws, never aborts, and reports a NULL pointer where one is required as
+ *     MR_ERROR_INVALID_ARGUMENT with a message naming the argument. (Pointers that are not NULL
+ *     must point where the documentation says; a dangling handle cannot be detected.)
+ *   - When such a function fails, it stores the error's text as this thread's last error message
+ *     (mrGetLastErrorMessage); a success leaves the message as it was (like errno), so cleaning
+ *     up after a failure does not erase its explanation.
+ *   - Messages read `<operator>: <argument> <constraint>, got <actual>`. Arguments are named with
+ *     the CANN names shared by the C++ API, Python and docs (grad_expanded_x for gradExpandedX,
+ *     expanded_row_idx for expandedRowIdx, ...).
+ *   - On any error no output tensor is written.
+ *   - Tensors are dense and row-major (C-contiguous). Element offsets are 64-bit; index tensors
+ *     are int32, so N*K must fit int32.
+ *
+ * Thread safety: functions may be called concurrently from any threads. An executor or a tensor
+ * handle may be used by one thread at a time; tensor handles that are only read (inputs) may be
+ * shared. mrSetNumThreads changes a library-wide default.
+ */
+#ifndef MOE_ROUTING_MOE_ROUTING_H_
+#define MOE_ROUTING_MOE_ROUTING_H_
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* C++ callers see every function as noexcept: no exception ever crosses this ABI. */
+#ifdef __cplusplus
+#define MR_NOEXCEPT noexcept
+extern "C" {
+#else
+#define MR_NOEXCEPT
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* Status codes and errors                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * The enumerations of this header are int32_t typedefs with named constants, so that any value
+ * crossing the ABI in either direction is well defined in C and in C++ (an out-of-range value of
+ * a C enum is undefined behaviour in C++), and an unknown value passed in is rejected with
+ * MR_ERROR_INVALID_ARGUMENT.
+ */
+
+/** Result of every call that can fail. The values equal moe_routing::StatusCode. */
+typedef int32_t mrStatus;
+enum {
+  /** The call did what it documents. */
+  MR_SUCCESS = 0,
+  /** The caller's mistake: a NULL pointer, a wrong shape, dtype, device or attribute value. */
+  MR_ERROR_INVALID_ARGUMENT = 1,
+  /** An invalid argument whose *value* is an out-of-range index (expanded_row_idx, expert_idx);
+   *  only phase two reports it, since only phase two reads data. */
+  MR_ERROR_INDEX_OUT_OF_RANGE = 2,
+  /** A valid request that is not implemented (a CUDA tensor, quant_mode 2..17). */
+  MR_ERROR_NOT_SUPPORTED = 3,
+  /** A bug in moe_routing (an unexpected C++ exception was caught at the ABI boundary). */
+  MR_ERROR_INTERNAL = 4,
+  /** The environment failed: memory could not be allocated. */
+  MR_ERROR_RUNTIME = 5
+};
+
+/**
+ * The message of the most recent failed call on this thread ("" if none has failed). Only
+ * meaningful right after a call returned a status other than MR_SUCCESS: successful calls do not
+ * clear it. Never NULL. The pointer stays valid until the next failing call on the same thread;
+ * copy the text to keep it. Messages longer than 4095 bytes are cut.
+ */
+const char* mrGetLastErrorMessage(void) MR_NOEXCEPT;
+
+/**
+ * A constant name of a status: "ok", "invalid argument", "index out of range", "not supported",
+ * "internal error", "runtime error", or "unknown status" for any other value. Never NULL.
+ */
+const char* mrGetStatusName(mrStatus status) MR_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Element types, devices, numerics options                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Element type of a tensor. The values equal moe_routing::DType. */
+typedef int32_t mrDataType;
+enum {
+  MR_FLOAT32 = 0,  /**< IEEE binary32 */
+  MR_FLOAT16 = 1,  /**< IEEE binary16 */
+  MR_BFLOAT16 = 2, /**< bfloat16 */
+  MR_INT8 = 3,
+  MR_INT32 = 4,
+  MR_INT64 = 5
+};
+
+/** Where a tensor's buffer lives. The C ABI runs the CPU kernels only: an operator given a CUDA
+ *  tensor returns MR_ERROR_NOT_SUPPORTED from phase one. */
+typedef int32_t mrDevice;
+enum {
+  MR_DEVICE_CPU = 0, /**< host memory */
+  MR_DEVICE_CUDA = 1 /**< CUDA device memory (not supported by the C ABI's operators yet) */
+};
+
+/** The float32 summation order of the backward (docs/moe_init_routing_grad.md). Both orders are
+ *  contracts: the same inputs and order give the same bits on every backend and thread count. */
+typedef int32_t mrAccumulationOrder;
+enum {
+  /** The Atlas A2/A3 kernel's order (addends dealt into bins, bins summed pairwise). Default. */
+  MR_ACCUMULATION_TREE = 0,
+  /** The Ascend 950 kernel's order: acc = +0.0, then acc += addend for t = 0 .. top_k-1. */
+  MR_ACCUMULATION_SEQUENTIAL = 1
+};
+
+/** The int8 quantisation numerics of mrMoeInitRouting (quant_mode 0 and 1). */
+typedef int32_t mrQuantFlavour;
+enum {
+  /** The Atlas A2/A3 kernels: static quant in float32, dynamic scale m / 127. Default. */
+  MR_QUANT_FLAVOUR_ATLAS_A2 = 0,
+  /** The Ascend 950 kernels: static quant in float16, dynamic scale m * float32(1/127). */
+  MR_QUANT_FLAVOUR_ASCEND_950 = 1
+};
+
+/** The most dimensions a tensor may have. */
+#define MR_MAX_DIMS 8
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tensors                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Opaque handle describing a caller-owned, dense, row-major buffer. */
+typedef struct mrTensor mrTensor;
+
+/**
+ * Creates a handle for a tensor. The handle holds a copy of the shape and the data pointer; the
+ * data is neither copied nor owned, and must stay valid until every phase two that uses the
+ * tensor has returned. The handle itself may be destroyed right after phase one.
+ *
+ * @param shape   ndim extents, each >= 0 (zero-size dimensions are allowed). May be NULL only
+ *                when ndim is 0 (a 0-d tensor of one element).
+ * @param ndim    number of dimensions, 0 .. MR_MAX_DIMS.
+ * @param dtype   one of the mrDataType constants.
+ * @param device  one of the mrDevice constants.
+ * @param data    the first element; NULL is accepted here (the *InferShape functions need no
+ *                data), but phase one rejects a NULL buffer for a non-empty tensor.
+ *                Inputs are only read, even though the pointer is not const.
+ * @param tensor  receives the new handle; set to NULL on failure. Must not be NULL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for a NULL pointer, ndim > MR_MAX_DIMS, a
+ *         negative extent, an unknown dtype or device, or a size in bytes that does not fit
+ *         int64; MR_ERROR_RUNTIME when the handle cannot be allocated.
+ */
+mrStatus mrCreateTensor(const int64_t* shape, uint64_t ndim, mrDataType dtype, mrDevice device,
+                        void* data, mrTensor** tensor) MR_NOEXCEPT;
+
+/**
+ * Destroys a handle made by mrCreateTensor (not the buffer it describes). NULL is a no-op.
+ * @return MR_SUCCESS.
+ */
+mrStatus mrDestroyTensor(mrTensor* tensor) MR_NOEXCEPT;
+
+/**
+ * Shape and dtype of one output, as the *InferShape functions report it, so that a caller can
+ * allocate the buffer (element count = product of shape[0 .. ndim-1]; 1 when ndim is 0).
+ */
+typedef struct mrTensorDesc {
+  /** false when the configuration does not produce this output; the output argument may then
+   *  be NULL (or a tensor of the described shape, which is filled with zeros). */
+  bool produced;
+  /** one of the mrDataType constants */
+  mrDataType dtype;
+  /** number of dimensions */
+  uint64_t ndim;
+  /** extents; entries from ndim on are 0 */
+  int64_t shape[MR_MAX_DIMS];
+} mrTensorDesc;
+
+/* ------------------------------------------------------------------------------------------ */
+/* Executors, streams, threads                                                                 */
+/* ------------------------------------------------------------------------------------------ */
+
+/**
+ * Opaque plan of one operator call, made by a GetWorkspaceSize function. Phase two consumes it:
+ * it is freed by the phase-two call it is passed to, whatever that call returns. An executor
+ * that will never run must be freed with mrDestroyExecutor. It refers to the tensors' buffers,
+ * not to their handles.
+ */
+typedef struct mrExecutor mrExecutor;
+
+/** A device stream (aclrtStream / cudaStream_t). Ignored by the CPU operators; pass NULL. */
+typedef void* mrStream;
+
+/**
+ * Frees an executor that will not be run (after a successful phase one the caller owns it until
+ * it is passed to phase two). NULL is a no-op. Never pass an executor that phase two consumed.
+ * @return MR_SUCCESS.
+ */
+mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
+
+/**
+ * Chooses the float32 accumulation order of a backward executor (one made by
+ * mrMoeInitRoutingV2GradGetWorkspaceSize) before it runs. Without this call the order is
+ * MR_ACCUMULATION_TREE (the Atlas A2/A3 kernel). CANN's aclnn signature has no such argument,
+ * which is why the order is an executor setting between the two phases.
+ *
+ * @param executor  a backward executor not yet run; must not be NULL.
+ * @param order     MR_ACCUMULATION_TREE or MR_ACCUMULATION_SEQUENTIAL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor of another operator, or an
+ *         unknown order. The executor is unchanged on failure.
+ */
+mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order) MR_NOEXCEPT;
+
+/**
+ * Chooses the quantisation numerics of a mrMoeInitRouting executor before it runs. Without this
+ * call the flavour is MR_QUANT_FLAVOUR_ATLAS_A2. It only matters for quant_mode 0 and 1.
+ *
+ * @param executor  an executor made by mrMoeInitRoutingGetWorkspaceSize, not yet run; not NULL.
+ * @param flavour   MR_QUANT_FLAVOUR_ATLAS_A2 or MR_QUANT_FLAVOUR_ASCEND_950.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor of another operator, or an
+ *         unknown flavour. The executor is unchanged on failure.
+ */
+mrStatus mrSetQuantFlavour(mrExecutor* executor, mrQuantFlavour flavour) MR_NOEXCEPT;
+
+/**
+ * Sets the library-wide number of CPU threads a phase two uses. 0 restores the initial default:
+ * the MOE_ROUTING_NUM_THREADS environment variable if set, else every core. The thread count
+ * never changes a result bit.
+ * @param numThreads  >= 0.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT when numThreads is negative.
+ */
+mrStatus mrSetNumThreads(int32_t numThreads) MR_NOEXCEPT;
+
+/** The current library-wide number of CPU threads (>= 1). */
+int32_t mrGetNumThreads(void) MR_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------ */
+/* moe_init_routing_grad (aclnnMoeInitRoutingV2Grad)                                           */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ *   grad_x[i, :] = sum over t in [0, topK) of rows(gradExpandedX)[expandedRowIdx[i*topK + t], :]
+ *
+ * summed in float32 in the executor's accumulation order and rounded once (round to nearest
+ * even) to the dtype of gradExpandedX. Skipped addends: -1 always; values >= activeNum in the
+ * active scenario (dropPadMode 0, activeNum > 0). Every other value outside [0, rows) is
+ * MR_ERROR_INDEX_OUT_OF_RANGE from phase two. Empty tensors (N = 0, H = 0, E*C = 0) are valid.
+ * See docs/moe_init_routing_grad.md.
+ */
+
+/**
+ * The shape and dtype of the backward's output, without data (inputs may have NULL buffers).
+ *
+ * @param gradExpandedX   float32/float16/bfloat16: [N*K, H] (dropPadMode 0, activeNum 0),
+ *                        [activeNum, H] (dropPadMode 0, activeNum > 0), [E, C, H] (dropPadMode 1).
+ * @param expandedRowIdx  int32 [N*K], the forward's expanded_row_idx.
+ * @param topK            K > 0; N = len(expandedRowIdx) / K.
+ * @param dropPadMode     0 (dropless / active) or 1 (drop-pad).
+ * @param activeNum       >= 0; with dropPadMode 0, > 0 selects the active scenario.
+ * @param out             receives grad_x's description: [N, H], dtype of gradExpandedX. Unchanged
+ *                        on failure.
+ * @return MR_SUCCESS, MR_ERROR_INVALID_ARGUMENT (the message names the offending argument).
+ */
+mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
+                                          const mrTensor* expandedRowIdx, int64_t topK,
+                                          int64_t dropPadMode, int64_t activeNum,
+                                          mrTensorDesc* out) MR_NOEXCEPT;
+
+/**
+ * Phase one of the backward (arguments in the order of aclnnMoeInitRoutingV2GradGetWorkspaceSize).
+ * Validates shapes, dtypes, devices, attributes and buffers, reads no data, and plans the call.
+ *
+ * @param gradExpandedX   as in mrMoeInitRoutingV2GradInferShape; buffer needed unless empty.
+ * @param expandedRowIdx  as in mrMoeInitRoutingV2GradInferShape; buffer needed unless empty.
+ * @param topK, dropPadMode, activeNum  as in mrMoeInitRoutingV2GradInferShape.
+ * @param out             grad_x: exactly the inferred shape and dtype, same device; written by
+ *                        phase two only.
+ * @param workspaceSize   receives the workspace size in bytes (always 0 on the CPU); set to 0 on
+ *                        failure. Must not be NULL.
+ * @param executor        receives the plan (accumulation order MR_ACCUMULATION_TREE); set to NULL
+ *                        on failure. Must not be NULL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
+ *         MR_ERROR_RUNTIME when the executor cannot be allocated.
+ */
+mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
+                                                const mrTensor* expandedRowIdx, int64_t topK,
+                                                int64_t dropPadMode, int64_t activeNum,
+                                                mrTensor* out, uint64_t* workspaceSize,
+                                                mrExecutor** executor) MR_NOEXCEPT;
+
+/**
+ * Phase two of the backward: checks every index value, then writes grad_x. Frees the executor,
+ * whatever the result.
+ *
+ * @param workspace      the workspace of workspaceSize bytes; may be NULL when workspaceSize is 0.
+ * @param workspaceSize  at least the size phase one reported (0 on the CPU).
+ * @param executor       from mrMoeInitRoutingV2GradGetWorkspaceSize; must not be NULL.
+ * @param stream         ignored on the CPU (pass NULL).
+ * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
+ *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, or a
+ *         NULL workspace with a non-zero size.
+ */
+mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                                mrStream stream) MR_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------ */
+/* moe_init_routing_v2 (aclnnMoeInitRoutingV2)                                                 */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Sorts the N*K (token, expert) pairs of expertIdx stably by expert id and copies the rows of x
+ * into expandedX; expandedRowIdx maps each pair (flat position p = i*K + t) to its row or slot.
+ * Expert ids must be >= 0, and < expertNum wherever expertNum is used (counts, drop-pad); phase
+ * two reports a violation as MR_ERROR_INDEX_OUT_OF_RANGE. See docs/moe_init_routing.md.
+ *
+ * Outputs (A' = activeNum == 0 ? N*K : min(activeNum, N*K)):
+ *   expandedX                     dropPadMode 0: [A', H]; 1: [E, C, H]; dtype of x
+ *   expandedRowIdx                int32 [N*K]; dropless: destination row of each pair; drop-pad:
+ *                                 slot e*C + c, or -1 for a dropped pair
+ *   expertTokensCountOrCumsum     int32 [E]; produced in dropPadMode 0 when the flag is 1 (cumsum)
+ *                                 or 2 (count)
+ *   expertTokensBeforeCapacity    int32 [E]; produced in dropPadMode 1 when its flag is true
+ * An output that is not produced may be NULL.
+ */
+
+/**
+ * The shapes and dtypes of mrMoeInitRoutingV2's outputs, without data.
+ *
+ * @param x              float32/float16/bfloat16 [N, H].
+ * @param expertIdx      int32 [N, K].
+ * @param activeNum      >= 0 (dropPadMode 0: 0 keeps every pair, A > 0 keeps min(A, N*K) rows).
+ * @param expertCapacity C >= 0; dropPadMode 1 needs 1 <= C <= N (when N > 0).
+ * @param expertNum      E >= 0; needed >= 1 by dropPadMode 1 and by the count outputs.
+ * @param dropPadMode    0 (dropless) or 1 (drop-pad).
+ * @param expertTokensCountOrCumsumFlag   0 (none), 1 (cumsum) or 2 (count); dropPadMode 0 only.
+ * @param expertTokensBeforeCapacityFlag  dropPadMode 1 only: produce the pre-capacity counts.
+ * @param expandedXOut, expandedRowIdxOut, expertTokensCountOrCumsumOut,
+ *        expertTokensBeforeCapacityOut   receive the four descriptions (none may be NULL);
+ *                                        unchanged on failure.
+ * @return MR_SUCCESS, MR_ERROR_INVALID_ARGUMENT.
+ */
+mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertIdx,
+                                      int64_t activeNum, int64_t expertCapacity, int64_t expertNum,
+                                      int64_t dropPadMode, int64_t expertTokensCountOrCumsumFlag,
+                                      bool expertTokensBeforeCapacityFlag,
+                                      mrTensorDesc* expandedXOut, mrTensorDesc* expandedRowIdxOut,
+                                      mrTensorDesc* expertTokensCountOrCumsumOut,
+                                      mrTensorDesc* expertTokensBeforeCapacityOut) MR_NOEXCEPT;
+
+/**
+ * Phase one of moe_init_routing_v2 (arguments in the order of
+ * aclnnMoeInitRoutingV2GetWorkspaceSize). Attributes as in mrMoeInitRoutingV2InferShape.
+ *
+ * @param x, expertIdx  inputs; buffers needed unless empty.
+ * @param expandedXOut, expandedRowIdxOut  required outputs, exactly as inferred.
+ * @param expertTokensCountOrCumsumOut, expertTokensBeforeCapacityOut  exactly as inferred when
+ *        produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a tensor of the
+ *        inferred shape (filled with zeros).
+ * @param workspaceSize  receives 0 (CPU); set to 0 on failure. Must not be NULL.
+ * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
+ *         MR_ERROR_RUNTIME when the executor cannot be allocated.
+ */
+mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
+    const mrTensor* x, const mrTensor* expertIdx, int64_t activeNum, int64_t expertCapacity,
+    int64_t expertNum, int64_t dropPadMode, int64_t expertTokensCountOrCumsumFlag,
+    bool expertTokensBeforeCapacityFlag, mrTensor* expandedXOut, mrTensor* expandedRowIdxOut,
+    mrTensor* expertTokensCountOrCumsumOut, mrTensor* expertTokensBeforeCapacityOut,
+    uint64_t* workspaceSize, mrExecutor** executor) MR_NOEXCEPT;
+
+/**
+ * Phase two of moe_init_routing_v2: checks every expert id, then writes every output. Frees the
+ * executor, whatever the result. Arguments as in mrMoeInitRoutingV2Grad.
+ * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad expert id;
+ *         MR_ERROR_INVALID_ARGUMENT (executor, workspace); MR_ERROR_RUNTIME when the sort's
+ *         scratch memory cannot be allocated.
+ */
+mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                            mrStream stream) MR_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------ */
+/* moe_init_routing (torch cann_ops_transformer.moe_init_routing, aclnnMoeInitRoutingV4)      */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * Routes the pairs whose expert id lies in the active expert range [start, end) (others, -1
+ * included, are simply not routed), optionally quantising the rows to int8, gathering a
+ * per-token scale and the top-k weights along. See docs/moe_init_routing.md for every output.
+ *
+ * Outputs (routed = pairs with an id in range; R = min(activeNum > 0 ? activeNum : N*K, routed)):
+ *   expandedX                   dropPadMode 0: [N*K, H] (rows >= R are 0); 1: [E, C, H]; dtype of
+ *                               x (quantMode -1) or int8 (quantMode 0/1)
+ *   expandedRowIdx              int32 [N*K]; rowIdxType 0: destination row of each pair, -1 when
+ *                               not routed; rowIdxType 1: source position of each destination
+ *   expertTokensCountOrCumsum   int64; type 0 cumsum / 1 count: [end - start]; type 2 key_value:
+ *                               [E, 2]; produced when expertTokensNumFlag is true
+ *   expandedScale               float32 [N*K] ([E*C] drop-pad); produced for quantMode 1 (the
+ *                               dynamic scales) and quantMode -1 with scaleOptional
+ *   expandedTopkWeight          float32 [N*K, 1] ([E*C, 1] drop-pad); produced when
+ *                               topkWeightOptional is given
+ * An output that is not produced may be NULL.
+ */
+
+/**
+ * The shapes and dtypes of mrMoeInitRouting's outputs, without data.
+ *
+ * @param x                   [N, H] float32/float16/bfloat16 (also int8 when quantMode is -1).
+ * @param expertIdx           int32 [N, K].
+ * @param scaleOptional       NULL, or float32: quantMode -1: [N] (per-token scale, gathered into
+ *                            expandedScale); quantMode 0: [1] (required); quantMode 1:
+ *                            [end - start, H] or [1, H] (smooth scale).
+ * @param offsetOptional      NULL, or float32 [1] (quantMode 0 only).
+ * @param topkWeightOptional  NULL, or float32 [N, K].
+ * @param activeNum           -1 or 0: keep every routed pair; > 0: keep the first
+ *                            min(activeNum, routed) sorted rows.
+ * @param expertCapacity      C; dropPadMode 1 needs 1 <= C <= N (when N > 0); else ignored.
+ * @param expertNum           E >= 1.
+ * @param dropPadMode         0 (dropless) or 1 (drop-pad: needs quantMode -1, rowIdxType 0 and
+ *                            the full expert range).
+ * @param expertTokensNumType 0 (cumsum), 1 (count) or 2 (key_value).
+ * @param expertTokensNumFlag whether expertTokensCountOrCumsum is produced.
+ * @param quantMode           -1 (none), 0 (static int8), 1 (dynamic int8); CANN's 2..9 and
+ *                            11..17 give MR_ERROR_NOT_SUPPORTED.
+ * @param activeExpertRange   NULL for the full range [0, expertNum), or 2 values {start, end}
+ *                            with 0 <= start < end <= expertNum.
+ * @param activeExpertRangeLength  0 when activeExpertRange is NULL, else 2.
+ * @param rowIdxType          0 (gather) or 1 (scatter).
+ * @param expandedXOut, expandedRowIdxOut, expertTokensCountOrCumsumOut, expandedScaleOut,
+ *        expandedTopkWeightOut  receive the five descriptions (none may be NULL); unchanged on
+ *        failure.
+ * @return MR_SUCCESS, MR_ERROR_INVALID_ARGUMENT, MR_ERROR_NOT_SUPPORTED (quantMode 2..17).
+ */
+mrStatus mrMoeInitRoutingInferShape(
+    const mrTensor* x, const mrTensor* expertIdx, const mrTensor* scaleOptional,
+    const mrTensor* offsetOptional, const mrTensor* topkWeightOptional, int64_t activeNum,
+    int64_t expertCapacity, int64_t expertNum, int64_t dropPadMode, int64_t expertTokensNumType,
+    bool expertTokensNumFlag, int64_t quantMode, const int64_t* activeExpertRange,
+    uint64_t activeExpertRangeLength, int64_t rowIdxType, mrTensorDesc* expandedXOut,
+    mrTensorDesc* expandedRowIdxOut, mrTensorDesc* expertTokensCountOrCumsumOut,
+    mrTensorDesc* expandedScaleOut, mrTensorDesc* expandedTopkWeightOut) MR_NOEXCEPT;
+
+/**
+ * Phase one of moe_init_routing (the V4-style argument order: inputs, attributes, outputs).
+ * Inputs and attributes as in mrMoeInitRoutingInferShape; the quantisation flavour is
+ * MR_QUANT_FLAVOUR_ATLAS_A2 unless mrSetQuantFlavour changes it.
+ *
+ * @param expandedXOut, expandedRowIdxOut  required outputs, exactly as inferred.
+ * @param expertTokensCountOrCumsumOut, expandedScaleOut, expandedTopkWeightOut  exactly as
+ *        inferred when produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a
+ *        tensor of the inferred shape (filled with zeros).
+ * @param workspaceSize  receives 0 (CPU); set to 0 on failure. Must not be NULL.
+ * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
+ *         non-CPU tensor); MR_ERROR_RUNTIME when the executor cannot be allocated.
+ */
+mrStatus mrMoeInitRoutingGetWorkspaceSize(
+    const mrTensor* x, const mrTensor* expertIdx, const mrTensor* scaleOptional,
+    const mrTensor* offsetOptional, const mrTensor* topkWeightOptional, int64_t activeNum,
+    int64_t expertCapacity, int64_t expertNum, int64_t dropPadMode, int64_t expertTokensNumType,
+    bool expertTokensNumFlag, int64_t quantMode, const int64_t* activeExpertRange,
+    uint64_t activeExpertRangeLength, int64_t rowIdxType, mrTensor* expandedXOut,
+    mrTensor* expandedRowIdxOut, mrTensor* expertTokensCountOrCumsumOut, mrTensor* expandedScaleOut,
+    mrTensor* expandedTopkWeightOut, uint64_t* workspaceSize, mrExecutor** executor) MR_NOEXCEPT;
+
+/**
+ * Phase two of moe_init_routing: writes every output (ids outside the range are not routed, so
+ * no index value is an error). Frees the executor, whatever the result. Arguments as in
+ * mrMoeInitRoutingV2Grad.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT (executor, workspace); MR_ERROR_RUNTIME when the
+ *         sort's scratch memory cannot be allocated.
+ */
+mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                          mrStream stream) MR_NOEXCEPT;
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MOE_ROUTING_MOE_ROUTING_H_ */

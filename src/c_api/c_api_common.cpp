@@ -1,0 +1,307 @@
+// The parts of the C ABI every operator shares: errors, tensors, executors, threads.
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "c_api/c_api_internal.h"
+
+namespace moe_routing::c_api {
+namespace {
+
+// Messages are copied into a fixed buffer so that recording one can never throw or allocate
+// (it runs inside the exception barrier's catch blocks too).
+constexpr size_t kMessageCapacity = 4096;
+thread_local char last_message[kMessageCapacity] = "";
+thread_local InjectedFailure injected_failure = InjectedFailure::none;
+std::atomic<int64_t> tensor_count{0};
+std::atomic<int64_t> executor_count{0};
+
+void store_message(const char* prefix, const char* text) noexcept {
+  std::snprintf(last_message, kMessageCapacity, "%s%s", prefix, text);
+}
+
+static_assert(MR_SUCCESS == int(StatusCode::ok), "mrStatus follows StatusCode");
+static_assert(MR_ERROR_INVALID_ARGUMENT == int(StatusCode::invalid_argument), "");
+static_assert(MR_ERROR_INDEX_OUT_OF_RANGE == int(StatusCode::index_out_of_range), "");
+static_assert(MR_ERROR_NOT_SUPPORTED == int(StatusCode::not_supported), "");
+static_assert(MR_ERROR_INTERNAL == int(StatusCode::internal), "");
+static_assert(MR_ERROR_RUNTIME == int(StatusCode::runtime), "");
+static_assert(MR_FLOAT32 == int(DType::float32) && MR_FLOAT16 == int(DType::float16) &&
+                  MR_BFLOAT16 == int(DType::bfloat16) && MR_INT8 == int(DType::int8) &&
+                  MR_INT32 == int(DType::int32) && MR_INT64 == int(DType::int64),
+              "mrDataType follows DType");
+static_assert(MR_DEVICE_CPU == int(Device::cpu) && MR_DEVICE_CUDA == int(Device::cuda),
+              "mrDevice follows Device");
+static_assert(MR_MAX_DIMS == kMaxDims, "MR_MAX_DIMS follows kMaxDims");
+
+constexpr const char* kCreateTensor = "mrCreateTensor: ";
+
+/// The checks of mrCreateTensor; on success `view` describes the tensor.
+Status make_view(const int64_t* shape, uint64_t ndim, mrDataType dtype, mrDevice device, void* data,
+                 TensorView* view) {
+  if (ndim > uint64_t(kMaxDims))
+    return invalid_argument(kCreateTensor, "ndim must be at most ", kMaxDims, ", got ", ndim);
+  if (ndim > 0 && shape == nullptr)
+    return invalid_argument(kCreateTensor,
+                            "shape must not be NULL when ndim > 0, got NULL with "
+                            "ndim ",
+                            ndim);
+  if (!is_valid_dtype(dtype))
+    return invalid_argument(kCreateTensor,
+                            "dtype must be one of MR_FLOAT32 (0), MR_FLOAT16 (1), "
+                            "MR_BFLOAT16 (2), MR_INT8 (3), MR_INT32 (4), MR_INT64 (5), got ",
+                            dtype);
+  if (device != MR_DEVICE_CPU && device != MR_DEVICE_CUDA)
+    return invalid_argument(kCreateTensor,
+                            "device must be MR_DEVICE_CPU (0) or MR_DEVICE_CUDA "
+                            "(1), got ",
+                            device);
+  TensorView result(data, DType(dtype), int(ndim), shape, Device(device));
+  for (int d = 0; d < result.ndim; ++d)
+    if (result.shape[d] < 0)
+      return invalid_argument(kCreateTensor, "shape[", d, "] must be >= 0, got ",
+                              shape_string(result));
+  // Byte sizes must fit int64 so that no later size computation can overflow.
+  const int64_t limit = std::numeric_limits<int64_t>::max() / int64_t(dtype_size(result.dtype));
+  int64_t elements = 1;
+  bool fits = true;
+  for (int d = 0; d < result.ndim; ++d) {
+    if (result.shape[d] == 0) {
+      elements = 0;
+      break;
+    }
+    if (elements > limit / result.shape[d])
+      fits = false;
+    else
+      elements *= result.shape[d];
+  }
+  if (elements != 0 && !fits)
+    return invalid_argument(kCreateTensor, "the tensor's size in bytes must fit int64, got ",
+                            describe(result));
+  *view = result;
+  return Status::ok();
+}
+
+}  // namespace
+
+mrStatus record(const Status& status) noexcept {
+  if (!status.is_ok()) store_message("", status.message().c_str());
+  return mrStatus(status.code());
+}
+
+mrStatus record_text(mrStatus code, const char* function, const char* text) noexcept {
+  store_message(function, text);
+  return code;
+}
+
+void inject_failure_in_next_call(InjectedFailure failure) { injected_failure = failure; }
+
+void throw_injected_failure() {
+  const InjectedFailure failure = injected_failure;
+  injected_failure = InjectedFailure::none;
+  if (failure == InjectedFailure::logic_error) throw std::logic_error("injected failure");
+  if (failure == InjectedFailure::bad_alloc) throw std::bad_alloc();
+}
+
+Status require_non_null(const char* op, const char* name, const void* p) {
+  if (p == nullptr) return invalid_argument(op, name, " must not be NULL, got NULL");
+  return Status::ok();
+}
+
+TensorView view_of(const mrTensor* tensor) {
+  return tensor == nullptr ? TensorView() : tensor->view;
+}
+
+namespace {
+
+Status check_output(const char* op, const OutputArgument& output, const char* anchor_name,
+                    Device anchor_device) {
+  const OutputSpec& spec = output.spec;
+  if (spec.produced) MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, output.name, output.handle));
+  const TensorView t = view_of(output.handle);
+  if (!spec.produced && t.data == nullptr) return Status::ok();
+  bool same = t.ndim == spec.ndim && t.dtype == spec.dtype;
+  for (int d = 0; same && d < spec.ndim; ++d) same = t.shape[d] == spec.shape[d];
+  if (!same)
+    return invalid_argument(op, output.name, " must be ", spec.ndim, "-D ", dtype_name(spec.dtype),
+                            ' ', shape_string(spec),
+                            spec.produced ? "" : " or have null data (it is not produced here)",
+                            ", got ", describe(t));
+  if (t.device != anchor_device)
+    return invalid_argument(op, output.name, " must be on the device of ", anchor_name, " (",
+                            device_name(anchor_device), "), got ", device_name(t.device));
+  if (t.data == nullptr && spec.numel() > 0)
+    return invalid_argument(op, output.name,
+                            " data must not be null for a non-empty tensor, got null");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_before_data(const char* op, std::initializer_list<OutputArgument> outputs,
+                         std::initializer_list<InputArgument> inputs, const char* anchor_name,
+                         Device anchor_device) {
+  for (const OutputArgument& output : outputs)
+    MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor_name, anchor_device));
+  for (const InputArgument& input : inputs) {
+    const TensorView& t = input.view;
+    if (t.data == nullptr && t.ndim > 0 && t.numel() > 0)
+      return invalid_argument(op, input.name,
+                              " data must not be null for a non-empty tensor, got null");
+  }
+  if (anchor_device != Device::cpu)
+    return not_supported(op, "device must be cpu (the C ABI runs the CPU kernels only), got ",
+                         device_name(anchor_device));
+  return Status::ok();
+}
+
+void describe_output(const OutputSpec& spec, mrTensorDesc* desc) {
+  *desc = mrTensorDesc();
+  desc->produced = spec.produced;
+  desc->dtype = mrDataType(spec.dtype);
+  desc->ndim = uint64_t(spec.ndim);
+  for (int d = 0; d < spec.ndim; ++d) desc->shape[d] = spec.shape[d];
+}
+
+void reset_phase_one_outputs(uint64_t* workspace_size, mrExecutor** executor) noexcept {
+  if (workspace_size != nullptr) *workspace_size = 0;
+  if (executor != nullptr) *executor = nullptr;
+}
+
+Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** executor) {
+  MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, "workspace_size", workspace_size));
+  return require_non_null(op, "executor", executor);
+}
+
+void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t* workspace_size,
+                      mrExecutor** executor) {
+  *workspace_size = 0;  // the CPU kernels need no workspace
+  *executor = planned.release();
+}
+
+Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExecutor* executor,
+                       const void* workspace, uint64_t workspace_size) {
+  static const char* const kMadeBy[] = {"mrMoeInitRoutingV2GradGetWorkspaceSize",
+                                        "mrMoeInitRoutingV2GetWorkspaceSize",
+                                        "mrMoeInitRoutingGetWorkspaceSize"};
+  MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, "executor", executor));
+  if (executor->op != op_kind)
+    return invalid_argument(op, "executor must come from ", kMadeBy[int(op_kind)],
+                            ", got one from ", kMadeBy[int(executor->op)]);
+  if (workspace == nullptr && workspace_size > 0)
+    return invalid_argument(op,
+                            "workspace must not be NULL when workspace_size > 0, got NULL "
+                            "with workspace_size ",
+                            workspace_size);
+  return Status::ok();
+}
+
+int64_t live_tensors() { return tensor_count.load(); }
+int64_t live_executors() { return executor_count.load(); }
+
+}  // namespace moe_routing::c_api
+
+mrTensor::mrTensor(const moe_routing::TensorView& view_) : view(view_) {
+  moe_routing::c_api::tensor_count.fetch_add(1);
+}
+mrTensor::~mrTensor() { moe_routing::c_api::tensor_count.fetch_sub(1); }
+mrExecutor::mrExecutor() { moe_routing::c_api::executor_count.fetch_add(1); }
+mrExecutor::~mrExecutor() { moe_routing::c_api::executor_count.fetch_sub(1); }
+
+using moe_routing::Status;
+using moe_routing::c_api::guard;
+using moe_routing::c_api::require_non_null;
+
+extern "C" {
+
+const char* mrGetLastErrorMessage(void) noexcept { return moe_routing::c_api::last_message; }
+
+const char* mrGetStatusName(mrStatus status) noexcept {
+  if (status < MR_SUCCESS || status > MR_ERROR_RUNTIME) return "unknown status";
+  return moe_routing::status_code_name(moe_routing::StatusCode(status));
+}
+
+mrStatus mrCreateTensor(const int64_t* shape, uint64_t ndim, mrDataType dtype, mrDevice device,
+                        void* data, mrTensor** tensor) noexcept {
+  if (tensor != nullptr) *tensor = nullptr;
+  return guard(moe_routing::c_api::kCreateTensor, [&]() -> Status {
+    MOE_ROUTING_RETURN_IF_ERROR(
+        require_non_null(moe_routing::c_api::kCreateTensor, "tensor", tensor));
+    moe_routing::TensorView view;
+    MOE_ROUTING_RETURN_IF_ERROR(
+        moe_routing::c_api::make_view(shape, ndim, dtype, device, data, &view));
+    *tensor = new mrTensor(view);
+    return Status::ok();
+  });
+}
+
+mrStatus mrDestroyTensor(mrTensor* tensor) noexcept {
+  return guard("mrDestroyTensor: ", [&]() -> Status {
+    delete tensor;
+    return Status::ok();
+  });
+}
+
+mrStatus mrDestroyExecutor(mrExecutor* executor) noexcept {
+  return guard("mrDestroyExecutor: ", [&]() -> Status {
+    delete executor;
+    return Status::ok();
+  });
+}
+
+mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order) noexcept {
+  constexpr const char* kFunction = "mrSetAccumulationOrder: ";
+  return guard(kFunction, [&]() -> Status {
+    MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kFunction, "executor", executor));
+    if (executor->op != mrExecutor::Operator::moe_init_routing_grad)
+      return moe_routing::invalid_argument(
+          kFunction,
+          "executor must come from mrMoeInitRoutingV2GradGetWorkspaceSize (the order "
+          "only applies to the backward), got an executor of another operator");
+    if (order != MR_ACCUMULATION_TREE && order != MR_ACCUMULATION_SEQUENTIAL)
+      return moe_routing::invalid_argument(kFunction,
+                                           "order must be MR_ACCUMULATION_TREE (0) or "
+                                           "MR_ACCUMULATION_SEQUENTIAL (1), got ",
+                                           order);
+    executor->grad.attrs.order = moe_routing::AccumulationOrder(order);
+    return Status::ok();
+  });
+}
+
+mrStatus mrSetQuantFlavour(mrExecutor* executor, mrQuantFlavour flavour) noexcept {
+  constexpr const char* kFunction = "mrSetQuantFlavour: ";
+  return guard(kFunction, [&]() -> Status {
+    MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kFunction, "executor", executor));
+    if (executor->op != mrExecutor::Operator::moe_init_routing)
+      return moe_routing::invalid_argument(
+          kFunction,
+          "executor must come from mrMoeInitRoutingGetWorkspaceSize (the flavour only "
+          "applies to moe_init_routing), got an executor of another operator");
+    if (flavour != MR_QUANT_FLAVOUR_ATLAS_A2 && flavour != MR_QUANT_FLAVOUR_ASCEND_950)
+      return moe_routing::invalid_argument(kFunction,
+                                           "flavour must be MR_QUANT_FLAVOUR_ATLAS_A2 "
+                                           "(0) or MR_QUANT_FLAVOUR_ASCEND_950 (1), got ",
+                                           flavour);
+    executor->routing.attrs.flavour = moe_routing::QuantFlavour(flavour);
+    return Status::ok();
+  });
+}
+
+mrStatus mrSetNumThreads(int32_t numThreads) noexcept {
+  constexpr const char* kFunction = "mrSetNumThreads: ";
+  return guard(kFunction, [&]() -> Status {
+    if (numThreads < 0)
+      return moe_routing::invalid_argument(kFunction,
+                                           "num_threads must be >= 0 (0 restores the "
+                                           "default), got ",
+                                           numThreads);
+    moe_routing::set_num_threads(numThreads);
+    return Status::ok();
+  });
+}
+
+int32_t mrGetNumThreads(void) noexcept { return moe_routing::get_num_threads(); }
+
+}  // extern "C"

@@ -1,0 +1,98 @@
+// C ABI of moe_init_routing_grad (aclnnMoeInitRoutingV2Grad): shape inference, phase one, phase
+// two. Phase one runs the core's infer_moe_init_routing_grad plus the output, buffer and device
+// checks the C++ entry point makes before reading data; phase two is the C++ entry point itself.
+#include "c_api/c_api_internal.h"
+
+namespace moe_routing::c_api {
+namespace {
+
+constexpr const char* kOp = "moe_init_routing_grad: ";
+
+/// The NULL checks of the inputs and the core's shape inference.
+Status plan_grad(const mrTensor* grad_expanded_x, const mrTensor* expanded_row_idx, int64_t top_k,
+                 int64_t drop_pad_mode, int64_t active_num, mrExecutor::Grad* call,
+                 MoeInitRoutingGradPlan* plan) {
+  MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "grad_expanded_x", grad_expanded_x));
+  MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "expanded_row_idx", expanded_row_idx));
+  call->grad_expanded_x = grad_expanded_x->view;
+  call->expanded_row_idx = expanded_row_idx->view;
+  call->attrs.top_k = top_k;
+  call->attrs.drop_pad_mode = drop_pad_mode;
+  call->attrs.active_num = active_num;
+  call->attrs.order = AccumulationOrder::tree;
+  return infer_moe_init_routing_grad(call->grad_expanded_x, call->expanded_row_idx, call->attrs,
+                                     plan);
+}
+
+OutputSpec grad_x_spec(const MoeInitRoutingGradPlan& plan) {
+  OutputSpec spec;
+  spec.produced = true;
+  spec.dtype = plan.dtype;
+  spec.ndim = 2;
+  spec.shape[0] = plan.grad_x_shape[0];
+  spec.shape[1] = plan.grad_x_shape[1];
+  return spec;
+}
+
+}  // namespace
+}  // namespace moe_routing::c_api
+
+using moe_routing::Status;
+using namespace moe_routing::c_api;
+
+extern "C" {
+
+mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
+                                          const mrTensor* expandedRowIdx, int64_t topK,
+                                          int64_t dropPadMode, int64_t activeNum,
+                                          mrTensorDesc* out) noexcept {
+  return guard(kOp, [&]() -> Status {
+    mrExecutor::Grad call;
+    moe_routing::MoeInitRoutingGradPlan plan;
+    MOE_ROUTING_RETURN_IF_ERROR(
+        plan_grad(gradExpandedX, expandedRowIdx, topK, dropPadMode, activeNum, &call, &plan));
+    MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "out", out));
+    describe_output(grad_x_spec(plan), out);
+    return Status::ok();
+  });
+}
+
+mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
+                                                const mrTensor* expandedRowIdx, int64_t topK,
+                                                int64_t dropPadMode, int64_t activeNum,
+                                                mrTensor* out, uint64_t* workspaceSize,
+                                                mrExecutor** executor) noexcept {
+  reset_phase_one_outputs(workspaceSize, executor);
+  return guard(kOp, [&]() -> Status {
+    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_one(kOp, workspaceSize, executor));
+    auto planned = std::make_unique<mrExecutor>();
+    planned->op = mrExecutor::Operator::moe_init_routing_grad;
+    mrExecutor::Grad& call = planned->grad;
+    moe_routing::MoeInitRoutingGradPlan plan;
+    MOE_ROUTING_RETURN_IF_ERROR(
+        plan_grad(gradExpandedX, expandedRowIdx, topK, dropPadMode, activeNum, &call, &plan));
+    call.grad_x = view_of(out);
+    const moe_routing::OutputSpec spec = grad_x_spec(plan);
+    MOE_ROUTING_RETURN_IF_ERROR(check_before_data(
+        kOp, {{"grad_x", out, spec}},
+        {{"grad_expanded_x", call.grad_expanded_x}, {"expanded_row_idx", call.expanded_row_idx}},
+        "grad_expanded_x", call.grad_expanded_x.device));
+    finish_phase_one(std::move(planned), workspaceSize, executor);
+    return Status::ok();
+  });
+}
+
+mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                                mrStream stream) noexcept {
+  (void)stream;  // the CPU kernels run synchronously on the calling thread (and the pool)
+  std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
+  return guard(kOp, [&]() -> Status {
+    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, mrExecutor::Operator::moe_init_routing_grad,
+                                                owned.get(), workspace, workspaceSize));
+    const mrExecutor::Grad& call = owned->grad;
+    return moe_routing::moe_init_routing_grad(call.grad_expanded_x, call.expanded_row_idx,
+                                              call.attrs, call.grad_x);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,139 @@
+// What the C ABI's translation units share: the handle types, the exception barrier every entry
+// point runs inside, the last-error store, and the checks phase one adds to the core's infer_*.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <new>
+
+#include "moe_routing/moe_init_routing.h"
+#include "moe_routing/moe_init_routing_grad.h"
+#include "moe_routing/moe_routing.h"
+#include "moe_routing/status.h"
+#include "moe_routing/tensor.h"
+
+/// A tensor handle: the caller's buffer, never owned.
+struct mrTensor {
+  explicit mrTensor(const moe_routing::TensorView& view_);
+  ~mrTensor();
+  mrTensor(const mrTensor&) = delete;
+  mrTensor& operator=(const mrTensor&) = delete;
+
+  moe_routing::TensorView view;
+};
+
+/// A planned call: copies of the tensor views (not the handles) and the attributes, so the
+/// handles may be destroyed between the phases. One struct for the three operators; `op` says
+/// which members are in use.
+struct mrExecutor {
+  mrExecutor();
+  ~mrExecutor();
+  mrExecutor(const mrExecutor&) = delete;
+  mrExecutor& operator=(const mrExecutor&) = delete;
+
+  enum class Operator : int32_t { moe_init_routing_grad, moe_init_routing_v2, moe_init_routing };
+  Operator op = Operator::moe_init_routing_grad;
+
+  struct Grad {
+    moe_routing::TensorView grad_expanded_x, expanded_row_idx, grad_x;
+    moe_routing::MoeInitRoutingGradAttrs attrs;
+  } grad;
+  struct RoutingV2 {
+    moe_routing::TensorView x, expert_idx;
+    moe_routing::TensorView expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
+        expert_tokens_before_capacity;
+    moe_routing::MoeInitRoutingV2Attrs attrs;
+  } v2;
+  struct Routing {
+    moe_routing::TensorView x, expert_idx, scale, offset, topk_weight;
+    moe_routing::TensorView expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
+        expanded_scale, expanded_topk_weight;
+    moe_routing::MoeInitRoutingAttrs attrs;
+  } routing;
+};
+
+namespace moe_routing::c_api {
+
+/// Stores a failure's text as this thread's last error (a success leaves it) and returns the code.
+/// Never throws: the text is copied into a fixed thread-local buffer.
+mrStatus record(const Status& status) noexcept;
+/// The same for a failure whose text is assembled without allocating (exception paths).
+mrStatus record_text(mrStatus code, const char* function, const char* text) noexcept;
+
+/// How many tensor handles / executors exist in this process (tests check that every executor
+/// is consumed or destroyed exactly once).
+int64_t live_tensors();
+int64_t live_executors();
+
+/// Test hook: makes the next guarded call on this thread throw inside the barrier, to reach the
+/// MR_ERROR_INTERNAL and MR_ERROR_RUNTIME paths. Not part of the public ABI.
+enum class InjectedFailure : int32_t { none = 0, logic_error = 1, bad_alloc = 2 };
+void inject_failure_in_next_call(InjectedFailure failure);
+/// Throws the injected failure, if any, and clears it.
+void throw_injected_failure();
+
+/// The exception barrier around every entry point: runs fn (returning Status) and records the
+/// outcome. std::bad_alloc becomes MR_ERROR_RUNTIME, any other exception MR_ERROR_INTERNAL.
+/// `function` names the operator or C function in the message.
+template <typename Fn>
+mrStatus guard(const char* function, Fn&& fn) noexcept {
+  try {
+    throw_injected_failure();
+    return record(fn());
+  } catch (const std::bad_alloc&) {
+    return record_text(MR_ERROR_RUNTIME, function,
+                       "memory must be allocatable, got an allocation failure");
+  } catch (...) {
+    return record_text(MR_ERROR_INTERNAL, function,
+                       "internal error: an unexpected C++ exception reached the C ABI (please "
+                       "report this as a bug)");
+  }
+}
+
+/// invalid_argument "<op><name> must not be NULL, got NULL" unless p is set.
+Status require_non_null(const char* op, const char* name, const void* p);
+
+/// The view of a handle; a NULL handle is the absent (default-constructed) view.
+TensorView view_of(const mrTensor* tensor);
+
+/// An output argument of phase one: its handle (NULL allowed only when not produced) and plan.
+struct OutputArgument {
+  const char* name;
+  const mrTensor* handle;
+  const OutputSpec& spec;
+};
+/// An input argument of phase one (an absent optional input is the default view).
+struct InputArgument {
+  const char* name;
+  const TensorView& view;
+};
+
+/// Phase one's checks after shape inference, in the order the C++ entry points make them so
+/// that both report the same first mistake with the same text: every output (a produced one
+/// must be given and match its spec exactly: shape, dtype, the device of the anchor input, a
+/// buffer unless empty; one not produced may be NULL or have a NULL buffer), then every input's
+/// buffer (needed unless empty), then the device: the C ABI runs the CPU kernels only, also in
+/// builds with the CUDA backend (MR_ERROR_NOT_SUPPORTED for CUDA tensors).
+Status check_before_data(const char* op, std::initializer_list<OutputArgument> outputs,
+                         std::initializer_list<InputArgument> inputs, const char* anchor_name,
+                         Device anchor_device);
+
+/// Fills a public description from a planned spec.
+void describe_output(const OutputSpec& spec, mrTensorDesc* desc);
+
+/// Common start of every GetWorkspaceSize, before the exception barrier (so that no failure
+/// path leaves stale values): sets the out-parameters that are given to 0 / NULL.
+void reset_phase_one_outputs(uint64_t* workspace_size, mrExecutor** executor) noexcept;
+/// Inside the barrier: the out-parameters must be given.
+Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** executor);
+/// Common end: hands a new executor to the caller.
+void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t* workspace_size,
+                      mrExecutor** executor);
+
+/// Common checks of every phase two: a non-NULL executor made for `op_kind`, and a workspace
+/// consistent with its size. The executor is owned by the caller's unique_ptr meanwhile.
+Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExecutor* executor,
+                       const void* workspace, uint64_t workspace_size);
+
+}  // namespace moe_routing::c_api
