@@ -69,7 +69,7 @@ python: venv
 test-python: python
 	cd tests/python && ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
 
-test: test-cpp test-asan test-python fuzz
+test: test-cpp test-asan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"
 
 # libFuzzer on the C ABI (fuzz/fuzz_c_api.cpp), built with clang, ASan and UBSan in its own tree:
@@ -105,3 +105,22 @@ demo: build python
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) build/python
+
+# The CUDA backend (docs/cuda.md) built with this machine's nvcc for sm_90 (H100/H200) in its own
+# tree, and every suite run there: CUDA code that stops compiling or linking fails `make test`
+# even without a GPU. Without a GPU the GPU tests skip, saying so; the CPU tests and the kernels'
+# logic on the CPU (test_cuda_host.cpp) still run.
+CUDA_BUILD_DIR ?= build-cuda
+# These C ABI rows assert that the C++ API rejects cuda tensors ("device must be cpu in this
+# build"), true only in builds without CUDA; with CUDA the C++ API runs them while the C ABI still
+# rejects them. Excluded here until the C ABI and its test learn about CUDA builds.
+CUDA_BUILD_EXCLUDED_TESTS := ^CApiErrors\.(Grad|V2|Routing)PhaseOneMatchesCpp$$
+NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+
+.PHONY: test-cuda-build
+test-cuda-build: deps
+	@[ -x "$(NVCC)" ] || { echo "make test-cuda-build: nvcc must be installed (the CUDA toolkit), got none at $(NVCC)" >&2; exit 1; }
+	cmake -S . -B $(CUDA_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_ROUTING_CUDA=ON \
+	  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=$(NVCC) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(CUDA_BUILD_DIR) -j $(JOBS)
+	ctest --test-dir $(CUDA_BUILD_DIR) --output-on-failure -j $(JOBS) -E '$(CUDA_BUILD_EXCLUDED_TESTS)'

@@ -70,6 +70,9 @@ struct ExecConfig {
   /// CPU threads for this call; 0 = the library default (see set_num_threads).
   int num_threads = 0;
   CpuIsa isa = CpuIsa::automatic;
+  /// CUDA tensors only: the cudaStream_t (as void*) the work is queued on; null = the default
+  /// stream. Ignored for CPU tensors and in builds without CUDA.
+  void* stream = nullptr;
 };
 
 /// Library-wide default thread count for CPU kernels. 0 restores the initial default: the

@@ -10,6 +10,9 @@
 #include "moe_routing/moe_init_routing.h"
 #include "ops/moe_init_routing/reference.h"
 #include "ops/moe_init_routing/routing_problem.h"
+#if defined(MOE_ROUTING_HAVE_CUDA)
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace moe_routing {
 namespace {
@@ -46,6 +49,14 @@ Status check_data(const char* op, const char* name, const TensorView& t) {
 }
 
 Status check_backend(const char* op, const TensorView& x, const ExecConfig& config) {
+#if defined(MOE_ROUTING_HAVE_CUDA)
+  if (x.device == Device::cuda) {
+    if (config.backend != Backend::automatic)
+      return not_supported(op, "backend must be automatic for cuda tensors (reference and cpu run "
+                           "on host memory), got ", config.backend == Backend::cpu ? "cpu" : "reference");
+    return Status::ok();
+  }
+#endif
   if (x.device != Device::cpu)
     return not_supported(op, "device must be cpu in this build, got ", device_name(x.device));
   if (config.isa != CpuIsa::automatic && !cpu_isa_available(config.isa))
@@ -68,8 +79,14 @@ int64_t routing_bytes(const RoutingProblem& problem) {
 }
 
 /// Runs the problem on the configured backend. Backends allocate everything before writing, so
-/// an allocation failure leaves every output untouched.
-Status run(const char* op, const RoutingProblem& problem, const ExecConfig& config) {
+/// an allocation failure leaves every output untouched. On a CUDA device, `reject_unrouted` (the
+/// V2 API) has the kernels check the expert ids the CPU path checked before building the problem.
+Status run(const char* op, const RoutingProblem& problem, const ExecConfig& config,
+           Device device, bool reject_unrouted) {
+#if defined(MOE_ROUTING_HAVE_CUDA)
+  if (device == Device::cuda) return cuda::moe_init_routing(op, problem, reject_unrouted, config.stream);
+#endif
+  static_cast<void>(device), static_cast<void>(reject_unrouted);
   try {
     if (config.backend == Backend::reference)
       reference::moe_init_routing(problem);
@@ -85,8 +102,15 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
 }
 
 /// A not-produced output passed with data is filled with zeros (never left uninitialised).
-void zero_if_not_produced(const TensorView& t, const OutputSpec& spec) {
-  if (!spec.produced && t.data != nullptr) std::memset(t.data, 0, t.nbytes());
+Status zero_if_not_produced(const char* op, const TensorView& t, const OutputSpec& spec,
+                            const ExecConfig& config) {
+  if (spec.produced || t.data == nullptr) return Status::ok();
+#if defined(MOE_ROUTING_HAVE_CUDA)
+  if (t.device == Device::cuda) return cuda::zero_device_memory(op, t.data, t.nbytes(), config.stream);
+#endif
+  static_cast<void>(op), static_cast<void>(config);
+  std::memset(t.data, 0, t.nbytes());
+  return Status::ok();
 }
 
 }  // namespace
@@ -114,7 +138,8 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
   MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "expert_idx", expert_idx));
   MOE_ROUTING_RETURN_IF_ERROR(check_backend(op, x, config));
   const int32_t* ids = expert_idx.data_as<const int32_t>();
-  MOE_ROUTING_RETURN_IF_ERROR(check_moe_init_routing_v2_expert_idx(ids, plan));
+  if (x.device == Device::cpu)  // CUDA: the kernels check the ids (device memory)
+    MOE_ROUTING_RETURN_IF_ERROR(check_moe_init_routing_v2_expert_idx(ids, plan));
 
   RoutingProblem problem;
   problem.num_rows = plan.num_rows;
@@ -141,9 +166,11 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
     problem.count_format = CountFormat::count;
     problem.counts = expert_tokens_before_capacity.data;
   }
-  MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config));
-  zero_if_not_produced(expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum);
-  zero_if_not_produced(expert_tokens_before_capacity, plan.expert_tokens_before_capacity);
+  MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, true));
+  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
+      op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
+  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
+      op, expert_tokens_before_capacity, plan.expert_tokens_before_capacity, config));
   return Status::ok();
 }
 
@@ -208,10 +235,13 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
     problem.count_format = formats[plan.expert_tokens_num_type];
     problem.counts = expert_tokens_count_or_cumsum.data;
   }
-  MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config));
-  zero_if_not_produced(expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum);
-  zero_if_not_produced(expanded_scale, plan.expanded_scale);
-  zero_if_not_produced(expanded_topk_weight, plan.expanded_topk_weight);
+  MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, false));
+  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
+      op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
+  MOE_ROUTING_RETURN_IF_ERROR(
+      zero_if_not_produced(op, expanded_scale, plan.expanded_scale, config));
+  MOE_ROUTING_RETURN_IF_ERROR(
+      zero_if_not_produced(op, expanded_topk_weight, plan.expanded_topk_weight, config));
   return Status::ok();
 }
 

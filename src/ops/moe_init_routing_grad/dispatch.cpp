@@ -3,6 +3,9 @@
 #include "cpu/grad_kernel.h"
 #include "moe_routing/moe_init_routing_grad.h"
 #include "ops/moe_init_routing_grad/reference.h"
+#if defined(MOE_ROUTING_HAVE_CUDA)
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace moe_routing {
 namespace {
@@ -30,6 +33,24 @@ Status check_data(const char* name, const TensorView& t) {
   return Status::ok();
 }
 
+/// Tensors on a CUDA device: the CUDA kernels, in builds that have them (MOE_ROUTING_CUDA).
+Status run_cuda(const TensorView& grad_expanded_x, const TensorView& expanded_row_idx,
+                const TensorView& grad_x, const MoeInitRoutingGradPlan& plan,
+                const ExecConfig& config) {
+#if defined(MOE_ROUTING_HAVE_CUDA)
+  if (config.backend != Backend::automatic)
+    return not_supported(kOp, "backend must be automatic for cuda tensors (reference and cpu run "
+                         "on host memory), got ", config.backend == Backend::cpu ? "cpu" : "reference");
+  return cuda::moe_init_routing_grad(grad_expanded_x.data, expanded_row_idx.data_as<const int32_t>(),
+                                     grad_x.data, plan, config.stream);
+#else
+  static_cast<void>(expanded_row_idx), static_cast<void>(grad_x), static_cast<void>(plan),
+      static_cast<void>(config);
+  return not_supported(kOp, "device must be cpu in this build, got ",
+                       device_name(grad_expanded_x.device));
+#endif
+}
+
 }  // namespace
 
 Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView& expanded_row_idx,
@@ -42,6 +63,8 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
   MOE_ROUTING_RETURN_IF_ERROR(check_data("grad_expanded_x", grad_expanded_x));
   MOE_ROUTING_RETURN_IF_ERROR(check_data("expanded_row_idx", expanded_row_idx));
   MOE_ROUTING_RETURN_IF_ERROR(check_data("grad_x", grad_x));
+  if (grad_expanded_x.device == Device::cuda)
+    return run_cuda(grad_expanded_x, expanded_row_idx, grad_x, plan, config);
   if (grad_expanded_x.device != Device::cpu)
     return not_supported(kOp, "device must be cpu in this build, got ",
                          device_name(grad_expanded_x.device));

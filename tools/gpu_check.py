@@ -1,0 +1,175 @@
+"""PyTorch side of tools/gpu_check.sh (docs/cuda.md).
+
+1. PyTorch eager baselines on the GPU at the same shapes as moe_routing_gpu_check, in GB/s over the
+   same byte counts (the bytes the operation must move) and as a fraction of the copy bandwidth
+   that moe_routing_gpu_check measured in the same run:
+     backward: index_select + view + sum, and index_add_;
+     forward:  stable argsort + index_select + bincount (+ the inverse permutation).
+2. With --ext PATH (the _moe_routing_ops library built against this torch with CUDA): the torch
+   operators on CUDA tensors against the same operators on CPU tensors, bit for bit, and their
+   times through torch.
+
+Appends `RESULT|op|impl|case|dtype|ms|GB/s|%copy|verified` lines to --results.
+"""
+
+import argparse
+import sys
+
+import torch
+
+MODELS = [("DeepSeek-V3", 7168, 256, 8), ("Qwen3", 4096, 128, 8), ("Mixtral", 4096, 8, 2)]
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def median_ms(fn, runs=20):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def routing(n, k, e, generator):
+    # top_k distinct experts per token, as a router gives.
+    scores = torch.rand(n, e, device="cuda", generator=generator)
+    return scores.topk(k, dim=1).indices.to(torch.int32)
+
+
+def emit(out, op, impl, case, dtype, ms, nbytes, copy_gbps, verified="-"):
+    gbps = nbytes / (ms * 1e-3) / 1e9
+    line = f"RESULT|{op}|{impl}|{case}|{DTYPE_NAMES[dtype]}|{ms:.4f}|{gbps:.1f}|{100 * gbps / copy_gbps:.1f}|{verified}"
+    print(f"BENCH {op:<22} {impl:<16} {case:<22} {DTYPE_NAMES[dtype]:<8} {ms:9.3f} ms {gbps:8.1f} GB/s "
+          f"{100 * gbps / copy_gbps:6.1f}% of copy", flush=True)
+    if out is not None:
+        out.write(line + "\n")
+
+
+def eager_baselines(out, copy_gbps, tokens=8192, dtype=torch.bfloat16):
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    el = torch.finfo(dtype).bits // 8
+    for name, h, e, k in MODELS:
+        n, p = tokens, tokens * k
+        case = f"{name} N={n}"
+        x = torch.randn(n, h, device="cuda", dtype=dtype, generator=generator)
+        ids = routing(n, k, e, generator)
+        flat = ids.view(-1)
+        positions = torch.arange(p, device="cuda")
+
+        def forward():
+            order = torch.argsort(flat, stable=True)
+            expanded_x = x.index_select(0, order // k)
+            counts = torch.bincount(flat, minlength=e)
+            row_idx = torch.empty_like(order)
+            row_idx[order] = positions
+            return expanded_x, row_idx, counts
+
+        fwd_bytes = n * h * el + p * 4 + p * h * el + p * 4 + e * 8
+        emit(out, "moe_init_routing", "torch-argsort", case, dtype, median_ms(forward), fwd_bytes, copy_gbps)
+
+        _, row_idx, _ = forward()
+        order = torch.argsort(flat, stable=True)
+        g = torch.randn(p, h, device="cuda", dtype=dtype, generator=generator)
+        token_of_row = order // k
+
+        def backward_select():
+            return g.index_select(0, row_idx).view(n, k, h).sum(1)
+
+        def backward_index_add():
+            return torch.zeros(n, h, device="cuda", dtype=dtype).index_add_(0, token_of_row, g)
+
+        bwd_bytes = p * h * el + p * 4 + n * h * el
+        emit(out, "moe_init_routing_grad", "torch-select-sum", case, dtype, median_ms(backward_select), bwd_bytes,
+             copy_gbps)
+        emit(out, "moe_init_routing_grad", "torch-index_add", case, dtype, median_ms(backward_index_add), bwd_bytes,
+             copy_gbps)
+        del x, g
+
+
+def extension_checks(out, path, copy_gbps):
+    torch.ops.load_library(path)
+    ops = torch.ops.moe_routing
+    generator = torch.Generator(device="cpu").manual_seed(7)
+    failures = 0
+    # Bitwise: CUDA tensors vs CPU tensors through the same torch operators.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for drop_pad in (0, 1):
+            for order in ("tree", "sequential"):
+                n, k, h, e = 300, 8, 1031, 16
+                x = torch.randn(n, h, dtype=dtype, generator=generator)
+                ids = torch.randint(0, e, (n, k), dtype=torch.int32, generator=generator)
+                kwargs = dict(expert_num=e, drop_pad_mode=drop_pad, expert_capacity=200 if drop_pad else -1,
+                              expert_tokens_num_flag=True, expert_tokens_num_type=1)
+                cpu_out = ops.moe_init_routing(x, ids, **kwargs)
+                gpu_out = ops.moe_init_routing(x.cuda(), ids.cuda(), **kwargs)
+                same = all(torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
+                                       b.cpu().view(torch.uint8) if b.is_floating_point() else b.cpu())
+                           for a, b in zip(cpu_out, gpu_out))
+                g = torch.randn(cpu_out[0].shape, dtype=dtype, generator=generator)
+                cpu_grad = ops.moe_init_routing_grad(g, cpu_out[1], k, drop_pad, 0, order)
+                gpu_grad = ops.moe_init_routing_grad(g.cuda(), gpu_out[1], k, drop_pad, 0, order)
+                same = same and torch.equal(cpu_grad.view(torch.uint8), gpu_grad.cpu().view(torch.uint8))
+                tag = f"torch operators {DTYPE_NAMES[dtype]} drop_pad {drop_pad} {order}"
+                print(("PASS " if same else "FAIL ") + tag + " (CUDA tensors vs CPU tensors, bit for bit)")
+                failures += not same
+    # Errors keep their category: a bad index is an IndexError with the core's message.
+    try:
+        ops.moe_init_routing_grad(torch.ones(6, 2, device="cuda"),
+                                  torch.tensor([0, 1, 2, 3, 4, 99], dtype=torch.int32, device="cuda"), 2, 0, 0, "tree")
+        print("FAIL a bad index on CUDA raised nothing")
+        failures += 1
+    except IndexError as error:
+        ok = "expanded_row_idx[5] = 99 is outside [0, 6)" in str(error)
+        print(("PASS" if ok else "FAIL") + f" bad index on CUDA: IndexError: {str(error).splitlines()[0]}")
+        failures += not ok
+    # Times through torch (the current stream; allocation by torch's caching allocator).
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    dtype = torch.bfloat16
+    for name, h, e, k in MODELS:
+        n, p = 8192, 8192 * k
+        case = f"{name} N={n}"
+        x = torch.randn(n, h, device="cuda", dtype=dtype, generator=generator)
+        ids = routing(n, k, e, generator)
+        fwd = lambda: ops.moe_init_routing(x, ids, expert_num=e, expert_tokens_num_flag=True, expert_tokens_num_type=1)
+        emit(out, "moe_init_routing", "ours-torch-op", case, dtype, median_ms(fwd), n * h * 2 + p * 8 + p * h * 2 + e * 8,
+             copy_gbps)
+        row_idx = fwd()[1]
+        g = torch.randn(p, h, device="cuda", dtype=dtype, generator=generator)
+        bwd = lambda: ops.moe_init_routing_grad(g, row_idx, k, 0, 0, "tree")
+        emit(out, "moe_init_routing_grad", "ours-torch-op", case, dtype, median_ms(bwd), p * h * 2 + p * 4 + n * h * 2,
+             copy_gbps)
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--copy-gbps", type=float, required=True, help="copy bandwidth measured by gpu_check")
+    parser.add_argument("--results", help="file to append RESULT lines to")
+    parser.add_argument("--ext", help="path of _moe_routing_ops built with CUDA: check and time the operators")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("gpu_check.py: torch sees no CUDA device; skipping the PyTorch comparison")
+        return 0
+    out = open(args.results, "a") if args.results else None
+    print(f"gpu_check.py: torch {torch.__version__} (CUDA {torch.version.cuda}) on {torch.cuda.get_device_name()}")
+    failures = 0
+    try:
+        if args.ext:
+            failures = extension_checks(out, args.ext, args.copy_gbps)
+        else:
+            eager_baselines(out, args.copy_gbps)
+    finally:
+        if out is not None:
+            out.close()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
