@@ -7,7 +7,9 @@ one process and one run, with a plot of GB/s against tokens.
 Backward (moe_init_routing_grad, dropless): PyTorch as index_select + view + sum, and as
 index_add_ into a zeroed buffer; the faster of the two per shape is "torch best".
 Forward (moe_init_routing, dropless, per-expert counts): stable argsort + index_select + bincount
-+ the inverse permutation. Outputs are preallocated wherever PyTorch takes out=.
++ the inverse permutation. Outputs are preallocated wherever PyTorch takes out=, and ours are
+preallocated too (out=); "ours alloc" times our operators allocating their outputs, which on the
+CPU pays the page faults of fresh memory on every call.
 Bytes are counted as in `moe-routing bench`: each input read once, each output written once.
 """
 from __future__ import annotations
@@ -58,8 +60,15 @@ def measure(shape, n, dtype, runs, gen):
         x, idx, expert_num=e, expert_tokens_num_type=1, expert_tokens_num_flag=True)
     fwd_bytes = n * h * esize + n * k * 4 + n * k * h * esize + n * k * 4 + e * 8
 
-    def ours_forward():
+    def ours_forward_alloc():
         moe_routing.moe_init_routing(x, idx, expert_num=e, expert_tokens_num_type=1, expert_tokens_num_flag=True)
+
+    fwd_out = tuple(torch.empty_like(t) for t in moe_routing.moe_init_routing(
+        x, idx, expert_num=e, expert_tokens_num_type=1, expert_tokens_num_flag=True))
+
+    def ours_forward():
+        moe_routing.moe_init_routing(x, idx, expert_num=e, expert_tokens_num_type=1, expert_tokens_num_flag=True,
+                                     out=fwd_out)
 
     out_x = torch.empty(n * k, h, dtype=dtype)
     positions = torch.arange(n * k, dtype=torch.int32)
@@ -76,8 +85,9 @@ def measure(shape, n, dtype, runs, gen):
     torch_forward()
     assert torch.equal(out_x, expanded_x) and torch.equal(out_eri, eri), "forward outputs differ"
     t_ours = median_seconds(ours_forward, runs)
+    t_alloc = median_seconds(ours_forward_alloc, runs)
     t_torch = median_seconds(torch_forward, runs)
-    results.append(dict(op="forward", shape=shape, tokens=n, ours_s=t_ours, torch_s=t_torch,
+    results.append(dict(op="forward", shape=shape, tokens=n, ours_s=t_ours, ours_alloc_s=t_alloc, torch_s=t_torch,
                         torch_expr="argsort+index_select+bincount", bytes=fwd_bytes))
 
     # ---- backward ----
@@ -90,7 +100,12 @@ def measure(shape, n, dtype, runs, gen):
     out_sum = torch.empty(n, h, dtype=dtype)
     out_add = torch.empty(n, h, dtype=dtype)
 
+    grad_out = torch.empty(n, h, dtype=dtype)
+
     def ours_backward():
+        moe_routing.moe_init_routing_grad(g, eri, k, out=grad_out)
+
+    def ours_backward_alloc():
         moe_routing.moe_init_routing_grad(g, eri, k)
 
     def torch_select_sum():
@@ -102,10 +117,12 @@ def measure(shape, n, dtype, runs, gen):
         out_add.index_add_(0, token_of_row, g)
 
     t_ours = median_seconds(ours_backward, runs)
+    t_alloc = median_seconds(ours_backward_alloc, runs)
     t_sel = median_seconds(torch_select_sum, runs)
     t_add = median_seconds(torch_index_add, runs)
     best, expr = (t_sel, "index_select+view+sum") if t_sel <= t_add else (t_add, "index_add_")
-    results.append(dict(op="backward", shape=shape, tokens=n, ours_s=t_ours, torch_s=best, torch_expr=expr,
+    results.append(dict(op="backward", shape=shape, tokens=n, ours_s=t_ours, ours_alloc_s=t_alloc, torch_s=best,
+                        torch_expr=expr,
                         bytes=bwd_bytes))
     return results
 
@@ -136,13 +153,14 @@ def main(argv=None) -> int:
             rows.extend(measure(shape, n, dtype, args.runs, gen))
     print(f"moe_routing vs PyTorch {torch.__version__} eager, {args.dtype}, {torch.get_num_threads()} threads, "
           f"median of {args.runs} runs")
-    print(f"{'op':9} {'shape':12} {'N':>6} {'ours ms':>9} {'torch ms':>9} {'ours GB/s':>10} {'torch GB/s':>11} "
-          f"{'speedup':>8}  torch expression")
+    print(f"{'op':9} {'shape':12} {'N':>6} {'ours ms':>9} {'alloc ms':>9} {'torch ms':>9} {'ours GB/s':>10} "
+          f"{'torch GB/s':>11} {'speedup':>8}  torch expression")
     for r in rows:
         r["ours_gbps"] = r["bytes"] / r["ours_s"] / 1e9
         r["torch_gbps"] = r["bytes"] / r["torch_s"] / 1e9
         r["speedup"] = r["torch_s"] / r["ours_s"]
-        print(f"{r['op']:9} {r['shape']:12} {r['tokens']:6d} {r['ours_s'] * 1e3:9.3f} {r['torch_s'] * 1e3:9.3f} "
+        print(f"{r['op']:9} {r['shape']:12} {r['tokens']:6d} {r['ours_s'] * 1e3:9.3f} "
+              f"{r['ours_alloc_s'] * 1e3:9.3f} {r['torch_s'] * 1e3:9.3f} "
               f"{r['ours_gbps']:10.2f} {r['torch_gbps']:11.2f} {r['speedup']:7.2f}x  {r['torch_expr']}")
     if args.csv:
         with open(args.csv, "w", newline="") as f:

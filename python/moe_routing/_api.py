@@ -6,7 +6,7 @@ import torch
 
 def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor, top_k: int,
                           drop_pad_mode: int = 0, active_num: int = 0, *,
-                          order: str = "tree") -> torch.Tensor:
+                          order: str = "tree", out=None) -> torch.Tensor:
     """Backward of moe_init_routing: grad_x[i] = sum_t grad_expanded_x[expanded_row_idx[i*top_k + t]].
 
     Args:
@@ -18,13 +18,19 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
         drop_pad_mode: 0 (dropless/active) or 1 (drop-pad).
         active_num: >= 0; with drop_pad_mode=0, > 0 selects the active scenario.
         order: "tree" (Atlas A2/A3 float32 order, default) or "sequential" (Ascend 950).
+        out: optional contiguous CPU tensor of exactly grad_x's shape and dtype to write into
+            (no allocation; not differentiable).
 
     Returns:
-        grad_x [N, H], dtype of grad_expanded_x.
+        grad_x [N, H], dtype of grad_expanded_x (``out`` when given).
 
     Raises:
         ValueError: invalid arguments; IndexError: an expanded_row_idx value out of range.
     """
+    if out is not None:
+        torch.ops.moe_routing.moe_init_routing_grad.out(
+            grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num, order, out=out)
+        return out
     return torch.ops.moe_routing.moe_init_routing_grad(grad_expanded_x, expanded_row_idx, top_k,
                                                        drop_pad_mode, active_num, order)
 
@@ -61,7 +67,7 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, *, scale=None, o
                      expert_num: int = -1, drop_pad_mode: int = 0, expert_tokens_num_type: int = 0,
                      expert_tokens_num_flag: bool = False, quant_mode: int = -1,
                      active_expert_range=None, row_idx_type: int = 0, x_dtype=None,
-                     numerics: str = "atlas_a2"):
+                     numerics: str = "atlas_a2", out=None):
     """cann_ops_transformer.moe_init_routing (aclnnMoeInitRoutingV4 semantics), differentiable.
 
     Args:
@@ -82,6 +88,8 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, *, scale=None, o
         row_idx_type: 0 gather (pair -> row, -1 if not routed), 1 scatter (row -> pair).
         x_dtype: only meaningful for CANN's quant modes 2..17; must be None.
         numerics: "atlas_a2" (default) or "ascend_950" quantisation arithmetic.
+        out: optional tuple of the five output tensors (contiguous, CPU, exactly the shapes and
+            dtypes the call returns) to write into; no allocation, not differentiable.
 
     Returns:
         (expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum, expanded_scale,
@@ -96,6 +104,16 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, *, scale=None, o
             f"2..17, which are not supported), got {x_dtype}")
     if active_expert_range is not None:
         active_expert_range = [int(v) for v in active_expert_range]
+    if out is not None:
+        if len(out) != 5:
+            raise ValueError(f"moe_init_routing: out must be a tuple of 5 tensors, got {len(out)}")
+        names = ("expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
+                 "expanded_topk_weight")
+        torch.ops.moe_routing.moe_init_routing.out(
+            x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity, expert_num,
+            drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
+            active_expert_range, row_idx_type, numerics, **dict(zip(names, out)))
+        return tuple(out)
     return torch.ops.moe_routing.moe_init_routing(
         x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity, expert_num,
         drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,

@@ -95,3 +95,18 @@ def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=N
     else:
         expanded_topk_weight = x.new_empty((0,), dtype=torch.float32)
     return expanded_x, expanded_row_idx, counts, expanded_scale, expanded_topk_weight
+
+
+@torch.library.register_fake("moe_routing::moe_init_routing_grad.out")
+def _moe_init_routing_grad_out_fake(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode=0,
+                                    active_num=0, order="tree", *, out):
+    return None
+
+
+@torch.library.register_fake("moe_routing::moe_init_routing.out")
+def _moe_init_routing_out_fake(x, expert_idx, scale=None, offset=None, topk_weight=None, active_num=-1,
+                               expert_capacity=-1, expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
+                               expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=None,
+                               row_idx_type=0, numerics="atlas_a2", *, expanded_x, expanded_row_idx,
+                               expert_tokens_count_or_cumsum, expanded_scale, expanded_topk_weight):
+    return None

@@ -73,6 +73,19 @@ def all_samples():
         yield "moe_init_routing", v4_positional(args, kw)
 
 
+def test_opcheck_out_variants():
+    g = torch.randn(12, 6)
+    eri = torch.randperm(12).to(torch.int32)
+    torch.library.opcheck(ops.moe_init_routing_grad.out, (g, eri, 3), {"out": torch.empty(4, 6)})
+    x = torch.randn(6, 5)
+    idx = torch.randint(0, 4, (6, 2), dtype=torch.int32)
+    outs = moe_routing.moe_init_routing(x, idx, expert_num=4)
+    names = ["expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
+             "expanded_topk_weight"]
+    torch.library.opcheck(ops.moe_init_routing.out, v4_positional((x, idx), dict(expert_num=4)),
+                          {n: torch.empty_like(t) for n, t in zip(names, outs)})
+
+
 @pytest.mark.parametrize("name, args", list(all_samples()))
 def test_opcheck(name, args):
     torch.library.opcheck(getattr(ops, name).default, args)

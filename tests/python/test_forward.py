@@ -188,3 +188,32 @@ def test_empty_batch():
     ex, eri, counts, scale, etw = moe_routing.moe_init_routing(torch.zeros(0, 8), torch.zeros(0, 2, dtype=torch.int32),
                                                                expert_num=4, expert_tokens_num_flag=True)
     assert ex.shape == (0, 8) and eri.shape == (0,) and counts.tolist() == [0, 0, 0, 0]
+
+
+def test_out_variants_write_into_given_tensors_and_match():
+    gen = torch.Generator().manual_seed(21)
+    x = random_values((9, 13), torch.bfloat16, gen)
+    idx = _random_idx(9, 3, -1, 6, gen)
+    w = torch.rand(9, 3, generator=gen)
+    kw = dict(topk_weight=w, expert_num=6, active_expert_range=[1, 5], expert_tokens_num_flag=True, row_idx_type=1)
+    expected = moe_routing.moe_init_routing(x, idx, **kw)
+    out = tuple(torch.full_like(t, 7) for t in expected)
+    got = moe_routing.moe_init_routing(x, idx, out=out, **kw)
+    for e, g, o, name in zip(expected, got, out, V4_NAMES):
+        assert g.data_ptr() == o.data_ptr(), name
+        assert_bitwise_equal(e, o, f"out= {name}")
+    g_rows = random_values((27, 13), torch.bfloat16, gen)
+    grad_out = torch.empty(9, 13, dtype=torch.bfloat16)
+    r = moe_routing.moe_init_routing_grad(g_rows, expected[1], 3, out=grad_out)
+    assert r.data_ptr() == grad_out.data_ptr()
+    # row_idx_type 1 output is a permutation: as a gather index it is valid for the backward
+    assert_bitwise_equal(moe_routing.moe_init_routing_grad(g_rows, expected[1], 3), grad_out, "grad out=")
+
+
+def test_out_of_the_wrong_shape_is_rejected():
+    g = torch.randn(6, 4)
+    idx = torch.arange(6, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"out grad_x must be a contiguous CPU float32 tensor of shape \[3, 4\]"):
+        moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 5))
+    with pytest.raises(ValueError, match="non-contiguous"):
+        moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(4, 3).t())

@@ -93,10 +93,22 @@ moe_routing::ExecConfig torch_exec_config() {
   return config;
 }
 
-at::Tensor moe_init_routing_grad_cpu(const at::Tensor& grad_expanded_x,
-                                     const at::Tensor& expanded_row_idx, int64_t top_k,
-                                     int64_t drop_pad_mode, int64_t active_num,
-                                     c10::string_view order) {
+/// An out= tensor must be exactly what the operator would allocate: the planned shape and dtype,
+/// contiguous, on the CPU. (Resizing would hide a caller's mistake; we report it instead.)
+void check_out(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef shape,
+               DType dtype) {
+  TORCH_CHECK_VALUE(t.sizes() == shape && t.scalar_type() == torch_dtype(dtype) &&
+                        t.is_contiguous() && t.device().is_cpu(),
+                    op, ": out ", name, " must be a contiguous CPU ", moe_routing::dtype_name(dtype),
+                    " tensor of shape ", shape, ", got ", t.scalar_type(), " ", t.sizes(),
+                    t.is_contiguous() ? "" : " (non-contiguous)", " on ", t.device());
+}
+
+/// The backward into `out` (allocated here when null).
+at::Tensor moe_init_routing_grad_into(const at::Tensor& grad_expanded_x,
+                                      const at::Tensor& expanded_row_idx, int64_t top_k,
+                                      int64_t drop_pad_mode, int64_t active_num,
+                                      c10::string_view order, const at::Tensor* out) {
   constexpr const char* op = "moe_init_routing_grad";
   moe_routing::MoeInitRoutingGradAttrs attrs;
   attrs.top_k = top_k;
@@ -111,11 +123,34 @@ at::Tensor moe_init_routing_grad_cpu(const at::Tensor& grad_expanded_x,
   const TensorView idx_view = view_of(op, "expanded_row_idx", idx);
   moe_routing::MoeInitRoutingGradPlan plan;
   raise_if_error(moe_routing::infer_moe_init_routing_grad(grad_view, idx_view, attrs, &plan));
-  at::Tensor grad_x = at::empty({plan.grad_x_shape[0], plan.grad_x_shape[1]}, grad.options());
+  const std::vector<int64_t> shape{plan.grad_x_shape[0], plan.grad_x_shape[1]};
+  at::Tensor grad_x;
+  if (out != nullptr) {
+    check_out(op, "grad_x", *out, shape, plan.dtype);
+    grad_x = *out;
+  } else {
+    grad_x = at::empty(shape, grad.options());
+  }
   raise_if_error(moe_routing::moe_init_routing_grad(grad_view, idx_view, attrs,
                                                     view_of(op, "grad_x", grad_x),
                                                     torch_exec_config()));
   return grad_x;
+}
+
+at::Tensor moe_init_routing_grad_cpu(const at::Tensor& grad_expanded_x,
+                                     const at::Tensor& expanded_row_idx, int64_t top_k,
+                                     int64_t drop_pad_mode, int64_t active_num,
+                                     c10::string_view order) {
+  return moe_init_routing_grad_into(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode,
+                                    active_num, order, nullptr);
+}
+
+void moe_init_routing_grad_out_cpu(const at::Tensor& grad_expanded_x,
+                                   const at::Tensor& expanded_row_idx, int64_t top_k,
+                                   int64_t drop_pad_mode, int64_t active_num,
+                                   c10::string_view order, at::Tensor& out) {
+  moe_init_routing_grad_into(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num,
+                             order, &out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(
@@ -148,12 +183,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   return {expanded_x, expanded_row_idx, counts, before_capacity};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_cpu(
+using RoutingOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+/// The torch-API forward into `out` (five tensors; allocated here when null).
+RoutingOutputs moe_init_routing_into(
     const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
     const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
     int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
     int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
-    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics) {
+    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics,
+    const at::Tensor* out) {
   constexpr const char* op = "moe_init_routing";
   moe_routing::MoeInitRoutingAttrs attrs;
   attrs.active_num = active_num;
@@ -189,11 +228,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_
   moe_routing::MoeInitRoutingPlan plan;
   raise_if_error(moe_routing::infer_moe_init_routing(x_view, idx_view, scale_view, offset_view,
                                                      weight_view, attrs, &plan));
-  at::Tensor expanded_x = allocate(plan.expanded_x, x_c);
-  at::Tensor expanded_row_idx = allocate(plan.expanded_row_idx, x_c);
-  at::Tensor counts = allocate(plan.expert_tokens_count_or_cumsum, x_c);
-  at::Tensor expanded_scale = allocate(plan.expanded_scale, x_c);
-  at::Tensor expanded_topk_weight = allocate(plan.expanded_topk_weight, x_c);
+  const moe_routing::OutputSpec* specs[5] = {&plan.expanded_x, &plan.expanded_row_idx,
+                                             &plan.expert_tokens_count_or_cumsum,
+                                             &plan.expanded_scale, &plan.expanded_topk_weight};
+  const char* names[5] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum",
+                          "expanded_scale", "expanded_topk_weight"};
+  at::Tensor outputs[5];
+  for (int i = 0; i < 5; ++i) {
+    if (out != nullptr) {
+      check_out(op, names[i], out[i], at::IntArrayRef(specs[i]->shape, specs[i]->ndim),
+                specs[i]->dtype);
+      outputs[i] = out[i];
+    } else {
+      outputs[i] = allocate(*specs[i], x_c);
+    }
+  }
+  at::Tensor &expanded_x = outputs[0], &expanded_row_idx = outputs[1], &counts = outputs[2],
+             &expanded_scale = outputs[3], &expanded_topk_weight = outputs[4];
   raise_if_error(moe_routing::moe_init_routing(
       x_view, idx_view, scale_view, offset_view, weight_view, attrs,
       view_of(op, "expanded_x", expanded_x), view_of(op, "expanded_row_idx", expanded_row_idx),
@@ -201,6 +252,33 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_
       view_of(op, "expanded_scale", expanded_scale),
       view_of(op, "expanded_topk_weight", expanded_topk_weight), torch_exec_config()));
   return {expanded_x, expanded_row_idx, counts, expanded_scale, expanded_topk_weight};
+}
+
+RoutingOutputs moe_init_routing_cpu(
+    const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
+    int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
+    int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
+    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics) {
+  return moe_init_routing_into(x, expert_idx, scale, offset, topk_weight, active_num,
+                               expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type,
+                               expert_tokens_num_flag, quant_mode, active_expert_range,
+                               row_idx_type, numerics, nullptr);
+}
+
+void moe_init_routing_out_cpu(
+    const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
+    const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
+    int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
+    int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
+    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics,
+    at::Tensor& expanded_x, at::Tensor& expanded_row_idx, at::Tensor& expert_tokens_count_or_cumsum,
+    at::Tensor& expanded_scale, at::Tensor& expanded_topk_weight) {
+  const at::Tensor out[5] = {expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
+                             expanded_scale, expanded_topk_weight};
+  moe_init_routing_into(x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity,
+                        expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag,
+                        quant_mode, active_expert_range, row_idx_type, numerics, out);
 }
 
 }  // namespace
@@ -219,10 +297,26 @@ TORCH_LIBRARY(moe_routing, m) {
       "int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, "
       "int quant_mode=-1, int[]? active_expert_range=None, int row_idx_type=0, "
       "str numerics=\"atlas_a2\") -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // out= overloads: write into caller-owned tensors of exactly the planned shapes (no allocation,
+  // so no page faults of fresh memory on every call). They return nothing, as torch requires of
+  // mutating custom operators.
+  m.def(
+      "moe_init_routing_grad.out(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
+      "int drop_pad_mode=0, int active_num=0, str order=\"tree\", *, Tensor(a!) out) -> ()");
+  m.def(
+      "moe_init_routing.out(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, "
+      "Tensor? topk_weight=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, "
+      "int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, "
+      "int quant_mode=-1, int[]? active_expert_range=None, int row_idx_type=0, "
+      "str numerics=\"atlas_a2\", *, Tensor(a!) expanded_x, Tensor(b!) expanded_row_idx, "
+      "Tensor(c!) expert_tokens_count_or_cumsum, Tensor(d!) expanded_scale, "
+      "Tensor(e!) expanded_topk_weight) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) {
   m.impl("moe_init_routing_grad", &moe_init_routing_grad_cpu);
   m.impl("moe_init_routing_v2", &moe_init_routing_v2_cpu);
   m.impl("moe_init_routing", &moe_init_routing_cpu);
+  m.impl("moe_init_routing_grad.out", &moe_init_routing_grad_out_cpu);
+  m.impl("moe_init_routing.out", &moe_init_routing_out_cpu);
 }
