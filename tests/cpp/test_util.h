@@ -38,7 +38,9 @@ struct FloatBuffer {
     return static_cast<const uint16_t*>(data())[i];
   }
   /// Fills with a recognisable NaN pattern so unwritten elements show.
-  void poison() { std::memset(bytes.data(), 0x7f, bytes.size()); }
+  void poison() {
+    if (!bytes.empty()) std::memset(bytes.data(), 0x7f, bytes.size());
+  }
 };
 
 /// Compares bit patterns; on mismatch reports the first differing element and the count.
