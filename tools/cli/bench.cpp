@@ -46,21 +46,18 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
-/// Resident-set high-water mark since the last reset, in bytes (Linux; 0 elsewhere).
-int64_t peak_rss_bytes() {
+/// A "Name:  N kB" field of /proc/self/status in bytes (0 where there is none, e.g. not Linux).
+int64_t proc_status_bytes(const char* field) {
   std::ifstream status("/proc/self/status");
+  const std::string prefix = std::string(field) + ":";
   std::string line;
   while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;
   return 0;
 }
-int64_t current_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  return 0;
-}
+/// Resident-set high-water mark since the last reset, and the resident set now.
+int64_t peak_rss_bytes() { return proc_status_bytes("VmHWM"); }
+int64_t current_rss_bytes() { return proc_status_bytes("VmRSS"); }
 /// Resets VmHWM to the current RSS (writing 5 to clear_refs); false if the kernel refuses.
 bool reset_peak_rss() {
   int fd = ::open("/proc/self/clear_refs", O_WRONLY);
