@@ -376,6 +376,8 @@ struct Driver {
   std::function<mrStatus(void*, uint64_t, mrExecutor*)> phase_two;
   /// Phase two of another operator (to check that a foreign executor is refused).
   std::function<mrStatus(mrExecutor*)> foreign_phase_two;
+  /// Whether phase one reports a workspace (the forward operators' sort scratch) or none.
+  bool needs_workspace = false;
   /// Optional setter between the phases (order, flavour); returns whether it succeeded.
   std::function<void(Input&, mrExecutor*)> configure;
   /// The same call through the C++ API with the given configuration, writing the mirrors.
@@ -410,7 +412,9 @@ void run_phases(const std::string& op, Input& in, Driver& d, mrStatus inferred,
   const mrStatus s1 = d.phase_one(out_params == 1 ? nullptr : &workspace_size,
                                   out_params == 2 ? nullptr : &executor);
   check_status(s1, "phase one");
-  if (out_params != 1) FUZZ_CHECK(workspace_size == 0, "workspace size is 0 on the CPU");
+  if (out_params != 1)
+    FUZZ_CHECK((workspace_size > 0) == (s1 == MR_SUCCESS && d.needs_workspace),
+               "a workspace is reported exactly by a successful forward phase one");
   if (out_params != 0) {
     FUZZ_CHECK(s1 == MR_ERROR_INVALID_ARGUMENT, "a NULL out-parameter is refused");
     if (out_params == 1) FUZZ_CHECK(executor == nullptr, "executor reset");
@@ -432,7 +436,7 @@ void run_phases(const std::string& op, Input& in, Driver& d, mrStatus inferred,
 
   if (d.configure) d.configure(in, executor);
 
-  const uint8_t misuse = in.rarely(12) ? in.byte() % 4 : 0;
+  const uint8_t misuse = in.rarely(12) ? in.byte() % 5 : 0;
   if (misuse == 1 || !work_within_budget) {
     FUZZ_CHECK(mrDestroyExecutor(executor) == MR_SUCCESS, "destroy");
   } else if (misuse == 2) {
@@ -440,10 +444,18 @@ void run_phases(const std::string& op, Input& in, Driver& d, mrStatus inferred,
                "NULL workspace with a size");
   } else if (misuse == 3) {
     FUZZ_CHECK(d.foreign_phase_two(executor) == MR_ERROR_INVALID_ARGUMENT, "foreign executor");
+  } else if (misuse == 4 && workspace_size > 0) {
+    std::vector<unsigned char> small(static_cast<size_t>(workspace_size - 1));
+    FUZZ_CHECK(d.phase_two(small.data(), small.size(), executor) == MR_ERROR_INVALID_ARGUMENT,
+               "a workspace smaller than reported is refused");
+    for (FuzzTensor* t : d.outputs) FUZZ_CHECK(t->poisoned(), "nothing written on error");
   } else {
-    std::vector<uint64_t> workspace(in.rarely(8) ? 4 : 0);
-    const mrStatus s2 =
-        d.phase_two(workspace.empty() ? nullptr : workspace.data(), workspace.size() * 8, executor);
+    // Exactly the reported size, on the heap (any access past it is an ASan report), sometimes
+    // more than needed, at an odd address.
+    const size_t extra = in.rarely(8) ? 1 + in.byte() % 32 : 0;
+    std::vector<unsigned char> workspace(static_cast<size_t>(workspace_size) + extra);
+    unsigned char* base = workspace.empty() ? nullptr : workspace.data() + extra;
+    const mrStatus s2 = d.phase_two(base, workspace_size, executor);
     check_status(s2, "phase two");
     FUZZ_CHECK(s2 == MR_SUCCESS || s2 == MR_ERROR_INDEX_OUT_OF_RANGE || s2 == MR_ERROR_RUNTIME,
                "after phase one only index values or memory can fail: " + last_message());
@@ -605,6 +617,7 @@ void fuzz_v2(Input& in, Generator& gen) {
   d.phase_two = [](void* w, uint64_t ws, mrExecutor* ex) {
     return mrMoeInitRoutingV2(w, ws, ex, nullptr);
   };
+  d.needs_workspace = true;
   d.foreign_phase_two = [](mrExecutor* ex) {
     return mrMoeInitRoutingV2Grad(nullptr, 0, ex, nullptr);
   };
@@ -698,6 +711,7 @@ void fuzz_routing(Input& in, Generator& gen) {
   d.phase_two = [](void* w, uint64_t ws, mrExecutor* ex) {
     return mrMoeInitRouting(w, ws, ex, nullptr);
   };
+  d.needs_workspace = true;
   d.foreign_phase_two = [](mrExecutor* ex) { return mrMoeInitRoutingV2(nullptr, 0, ex, nullptr); };
   QuantFlavour chosen = QuantFlavour::atlas_a2;
   d.configure = [&](Input& input, mrExecutor* ex) {

@@ -125,6 +125,12 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
                            const TensorView& expert_tokens_before_capacity,
                            const ExecConfig& config = ExecConfig());
 
+/// Bytes of scratch memory the CPU kernels need for a planned call with `num_threads` threads
+/// (0 = the library default, as ExecConfig::num_threads). It depends on the plan and the thread
+/// count only, never on the data: pass a buffer this large as ExecConfig::workspace (with the
+/// same num_threads) and moe_init_routing_v2 allocates nothing.
+uint64_t moe_init_routing_v2_workspace_size(const MoeInitRoutingV2Plan& plan, int num_threads = 0);
+
 // ------------------------------------------------------------------------------------------
 // moe_init_routing (torch API cann_ops_transformer.moe_init_routing / aclnnMoeInitRoutingV4)
 // ------------------------------------------------------------------------------------------
@@ -248,5 +254,8 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
                         const TensorView& expert_tokens_count_or_cumsum,
                         const TensorView& expanded_scale, const TensorView& expanded_topk_weight,
                         const ExecConfig& config = ExecConfig());
+
+/// moe_init_routing_v2_workspace_size for moe_init_routing.
+uint64_t moe_init_routing_workspace_size(const MoeInitRoutingPlan& plan, int num_threads = 0);
 
 }  // namespace moe_routing

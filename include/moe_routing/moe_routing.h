@@ -7,11 +7,14 @@
  *      copied or allocated for the data). The output shapes come from the *InferShape functions.
  *   2. Phase one, mr<Operator>GetWorkspaceSize: validates everything that can be checked without
  *      reading data (shapes, dtypes, devices, attributes, missing buffers), plans the call, and
- *      returns the workspace size and an executor. No tensor data is read or written.
+ *      returns the workspace size and an executor. No tensor data is read or written. The
+ *      workspace size depends on the shapes, attributes and thread count only, never on data.
  *   3. Optionally tune the executor (mrSetAccumulationOrder, mrSetQuantFlavour).
  *   4. Phase two, mr<Operator>(workspace, workspaceSize, executor, stream): validates the index
- *      values, computes, and frees the executor. The CPU needs no workspace (the forward's sort
- *      allocates its scratch memory itself).
+ *      values, computes, and frees the executor. It allocates no memory: the forward operators'
+ *      sort runs in the caller's workspace (the backward needs none: size 0). The thread count
+ *      is the library default (mrSetNumThreads) at phase one, and the pool's threads are started
+ *      there.
  *   5. Destroy the tensor handles (mrDestroyTensor). The buffers remain the caller's.
  *
  * Conventions (every function):
@@ -232,7 +235,8 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
 mrStatus mrSetQuantFlavour(mrExecutor* executor, mrQuantFlavour flavour) MR_NOEXCEPT;
 
 /**
- * Sets the library-wide number of CPU threads a phase two uses. 0 restores the initial default:
+ * Sets the library-wide number of CPU threads the phases two of executors planned from now on
+ * use (an executor keeps the count of its phase one). 0 restores the initial default:
  * the MOE_ROUTING_NUM_THREADS environment variable if set, else every core. The thread count
  * never changes a result bit.
  * @param numThreads  >= 0.
@@ -283,8 +287,8 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
  * @param topK, dropPadMode, activeNum  as in mrMoeInitRoutingV2GradInferShape.
  * @param out             grad_x: exactly the inferred shape and dtype, same device; written by
  *                        phase two only.
- * @param workspaceSize   receives the workspace size in bytes (always 0 on the CPU); set to 0 on
- *                        failure. Must not be NULL.
+ * @param workspaceSize   receives the workspace size in bytes (always 0: the backward needs
+ *                        none); set to 0 on failure. Must not be NULL.
  * @param executor        receives the plan (accumulation order MR_ACCUMULATION_TREE); set to NULL
  *                        on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
@@ -300,13 +304,14 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
  * Phase two of the backward: checks every index value, then writes grad_x. Frees the executor,
  * whatever the result.
  *
- * @param workspace      the workspace of workspaceSize bytes; may be NULL when workspaceSize is 0.
- * @param workspaceSize  at least the size phase one reported (0 on the CPU).
+ * @param workspace      the workspace of workspaceSize bytes, any alignment; may be NULL when
+ *                       workspaceSize is 0. Used as scratch during the call only.
+ * @param workspaceSize  at least the size phase one reported.
  * @param executor       from mrMoeInitRoutingV2GradGetWorkspaceSize; must not be NULL.
  * @param stream         ignored on the CPU (pass NULL).
  * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
- *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, or a
- *         NULL workspace with a non-zero size.
+ *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, a
+ *         NULL workspace with a non-zero size, or a workspaceSize below phase one's.
  */
 mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                                 mrStream stream) MR_NOEXCEPT;
@@ -363,7 +368,9 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
  * @param expertTokensCountOrCumsumOut, expertTokensBeforeCapacityOut  exactly as inferred when
  *        produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a tensor of the
  *        inferred shape (filled with zeros).
- * @param workspaceSize  receives 0 (CPU); set to 0 on failure. Must not be NULL.
+ * @param workspaceSize  receives the workspace size in bytes phase two needs (> 0: the sort's
+ *                       scratch, about 12 bytes per pair plus per-expert and per-thread
+ *                       counters); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
  *         MR_ERROR_RUNTIME when the executor cannot be allocated.
@@ -379,8 +386,8 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
  * Phase two of moe_init_routing_v2: checks every expert id, then writes every output. Frees the
  * executor, whatever the result. Arguments as in mrMoeInitRoutingV2Grad.
  * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad expert id;
- *         MR_ERROR_INVALID_ARGUMENT (executor, workspace); MR_ERROR_RUNTIME when the sort's
- *         scratch memory cannot be allocated.
+ *         MR_ERROR_INVALID_ARGUMENT (executor; a workspace NULL with a size, or smaller than
+ *         phase one reported).
  */
 mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                             mrStream stream) MR_NOEXCEPT;
@@ -454,7 +461,9 @@ mrStatus mrMoeInitRoutingInferShape(
  * @param expertTokensCountOrCumsumOut, expandedScaleOut, expandedTopkWeightOut  exactly as
  *        inferred when produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a
  *        tensor of the inferred shape (filled with zeros).
- * @param workspaceSize  receives 0 (CPU); set to 0 on failure. Must not be NULL.
+ * @param workspaceSize  receives the workspace size in bytes phase two needs (> 0: the sort's
+ *                       scratch, about 12 bytes per pair plus per-expert and per-thread
+ *                       counters); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
  *         non-CPU tensor); MR_ERROR_RUNTIME when the executor cannot be allocated.
@@ -472,8 +481,8 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
  * Phase two of moe_init_routing: writes every output (ids outside the range are not routed, so
  * no index value is an error). Frees the executor, whatever the result. Arguments as in
  * mrMoeInitRoutingV2Grad.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT (executor, workspace); MR_ERROR_RUNTIME when the
- *         sort's scratch memory cannot be allocated.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT (executor; a workspace NULL with a size, or
+ *         smaller than phase one reported).
  */
 mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                           mrStream stream) MR_NOEXCEPT;

@@ -73,6 +73,12 @@ struct ExecConfig {
   /// CUDA tensors only: the cudaStream_t (as void*) the work is queued on; null = the default
   /// stream. Ignored for CPU tensors and in builds without CUDA.
   void* stream = nullptr;
+  /// CPU kernels of the forward operators only: caller-owned scratch memory of workspace_bytes
+  /// bytes (any alignment), at least what moe_init_routing(_v2)_workspace_size reports for the
+  /// same num_threads; the call then allocates nothing. Null (the default): the library
+  /// allocates the scratch itself. The backward needs none; the reference backend ignores it.
+  void* workspace = nullptr;
+  uint64_t workspace_bytes = 0;
 };
 
 /// Library-wide default thread count for CPU kernels. 0 restores the initial default: the

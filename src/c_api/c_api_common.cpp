@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "c_api/c_api_internal.h"
+#include "core/thread_pool.h"
 
 namespace moe_routing::c_api {
 namespace {
@@ -175,9 +176,18 @@ Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** ex
   return require_non_null(op, "executor", executor);
 }
 
-void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t* workspace_size,
-                      mrExecutor** executor) {
-  *workspace_size = 0;  // the CPU kernels need no workspace
+std::unique_ptr<mrExecutor> new_executor(mrExecutor::Operator op) {
+  auto planned = std::make_unique<mrExecutor>();
+  planned->op = op;
+  planned->num_threads = detail::resolve_num_threads(0);
+  return planned;
+}
+
+void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t needed,
+                      uint64_t* workspace_size, mrExecutor** executor) {
+  detail::reserve_threads(planned->num_threads);
+  planned->workspace_size = needed;
+  *workspace_size = needed;
   *executor = planned.release();
 }
 
@@ -195,6 +205,9 @@ Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExe
                             "workspace must not be NULL when workspace_size > 0, got NULL "
                             "with workspace_size ",
                             workspace_size);
+  if (workspace_size < executor->workspace_size)
+    return invalid_argument(op, "workspace_size must be at least ", executor->workspace_size,
+                            " (the size phase one reported), got ", workspace_size);
   return Status::ok();
 }
 
@@ -209,6 +222,14 @@ mrTensor::mrTensor(const moe_routing::TensorView& view_) : view(view_) {
 mrTensor::~mrTensor() { moe_routing::c_api::tensor_count.fetch_sub(1); }
 mrExecutor::mrExecutor() { moe_routing::c_api::executor_count.fetch_add(1); }
 mrExecutor::~mrExecutor() { moe_routing::c_api::executor_count.fetch_sub(1); }
+
+moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_bytes) const {
+  moe_routing::ExecConfig config;
+  config.num_threads = num_threads;
+  config.workspace = workspace;
+  config.workspace_bytes = workspace_bytes;
+  return config;
+}
 
 using moe_routing::Status;
 using moe_routing::c_api::guard;

@@ -65,8 +65,7 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
   reset_phase_one_outputs(workspaceSize, executor);
   return guard(kOp, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_one(kOp, workspaceSize, executor));
-    auto planned = std::make_unique<mrExecutor>();
-    planned->op = mrExecutor::Operator::moe_init_routing_grad;
+    auto planned = new_executor(mrExecutor::Operator::moe_init_routing_grad);
     mrExecutor::Grad& call = planned->grad;
     moe_routing::MoeInitRoutingGradPlan plan;
     MOE_ROUTING_RETURN_IF_ERROR(
@@ -77,7 +76,7 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
         kOp, {{"grad_x", out, spec}},
         {{"grad_expanded_x", call.grad_expanded_x}, {"expanded_row_idx", call.expanded_row_idx}},
         "grad_expanded_x", call.grad_expanded_x.device));
-    finish_phase_one(std::move(planned), workspaceSize, executor);
+    finish_phase_one(std::move(planned), 0, workspaceSize, executor);  // the backward needs none
     return Status::ok();
   });
 }
@@ -91,7 +90,8 @@ mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecu
                                                 owned.get(), workspace, workspaceSize));
     const mrExecutor::Grad& call = owned->grad;
     return moe_routing::moe_init_routing_grad(call.grad_expanded_x, call.expanded_row_idx,
-                                              call.attrs, call.grad_x);
+                                              call.attrs, call.grad_x,
+                                              owned->config(workspace, workspaceSize));
   });
 }
 

@@ -34,6 +34,14 @@ struct mrExecutor {
 
   enum class Operator : int32_t { moe_init_routing_grad, moe_init_routing_v2, moe_init_routing };
   Operator op = Operator::moe_init_routing_grad;
+  /// Fixed in phase one (the library default then), so that the workspace size reported there
+  /// is the one phase two needs even if the default changes in between.
+  int num_threads = 1;
+  /// What phase one reported; phase two requires at least this much.
+  uint64_t workspace_size = 0;
+
+  /// The execution settings of phase two: the planned thread count and the caller's workspace.
+  moe_routing::ExecConfig config(void* workspace, uint64_t workspace_bytes) const;
 
   struct Grad {
     moe_routing::TensorView grad_expanded_x, expanded_row_idx, grad_x;
@@ -127,12 +135,16 @@ void describe_output(const OutputSpec& spec, mrTensorDesc* desc);
 void reset_phase_one_outputs(uint64_t* workspace_size, mrExecutor** executor) noexcept;
 /// Inside the barrier: the out-parameters must be given.
 Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** executor);
-/// Common end: hands a new executor to the caller.
-void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t* workspace_size,
-                      mrExecutor** executor);
+/// A new executor for `op`, its thread count fixed to the library default now.
+std::unique_ptr<mrExecutor> new_executor(mrExecutor::Operator op);
+/// Common end: records and reports the workspace size (`needed` bytes), starts the pool threads
+/// the call will use (so that phase two creates none), and hands the executor to the caller.
+void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t needed,
+                      uint64_t* workspace_size, mrExecutor** executor);
 
 /// Common checks of every phase two: a non-NULL executor made for `op_kind`, and a workspace
-/// consistent with its size. The executor is owned by the caller's unique_ptr meanwhile.
+/// of at least the size phase one reported. The executor is owned by the caller's unique_ptr
+/// meanwhile.
 Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExecutor* executor,
                        const void* workspace, uint64_t workspace_size);
 

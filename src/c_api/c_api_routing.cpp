@@ -126,8 +126,7 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
   reset_phase_one_outputs(workspaceSize, executor);
   return guard(kOpV2, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_one(kOpV2, workspaceSize, executor));
-    auto planned = std::make_unique<mrExecutor>();
-    planned->op = mrExecutor::Operator::moe_init_routing_v2;
+    auto planned = new_executor(mrExecutor::Operator::moe_init_routing_v2);
     mrExecutor::RoutingV2& call = planned->v2;
     moe_routing::MoeInitRoutingV2Plan plan;
     MOE_ROUTING_RETURN_IF_ERROR(plan_v2(x, expertIdx, activeNum, expertCapacity, expertNum,
@@ -146,7 +145,9 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
                            {"expert_tokens_before_capacity", expertTokensBeforeCapacityOut,
                             plan.expert_tokens_before_capacity}},
                           {{"x", call.x}, {"expert_idx", call.expert_idx}}, "x", call.x.device));
-    finish_phase_one(std::move(planned), workspaceSize, executor);
+    const uint64_t needed =
+        moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads);
+    finish_phase_one(std::move(planned), needed, workspaceSize, executor);
     return Status::ok();
   });
 }
@@ -161,7 +162,8 @@ mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor*
     const mrExecutor::RoutingV2& call = owned->v2;
     return moe_routing::moe_init_routing_v2(
         call.x, call.expert_idx, call.attrs, call.expanded_x, call.expanded_row_idx,
-        call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity);
+        call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity,
+        owned->config(workspace, workspaceSize));
   });
 }
 
@@ -216,8 +218,7 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
                                  dropPadMode, expertTokensNumType, expertTokensNumFlag,
                                  quantMode,   activeExpertRange,   activeExpertRangeLength,
                                  rowIdxType};
-    auto planned = std::make_unique<mrExecutor>();
-    planned->op = mrExecutor::Operator::moe_init_routing;
+    auto planned = new_executor(mrExecutor::Operator::moe_init_routing);
     mrExecutor::Routing& call = planned->routing;
     moe_routing::MoeInitRoutingPlan plan;
     MOE_ROUTING_RETURN_IF_ERROR(plan_routing(x, expertIdx, scaleOptional, offsetOptional,
@@ -241,7 +242,9 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
          {"offset", call.offset},
          {"topk_weight", call.topk_weight}},
         "x", call.x.device));
-    finish_phase_one(std::move(planned), workspaceSize, executor);
+    const uint64_t needed =
+        moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads);
+    finish_phase_one(std::move(planned), needed, workspaceSize, executor);
     return Status::ok();
   });
 }
@@ -257,7 +260,8 @@ mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* e
     return moe_routing::moe_init_routing(call.x, call.expert_idx, call.scale, call.offset,
                                          call.topk_weight, call.attrs, call.expanded_x,
                                          call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
-                                         call.expanded_scale, call.expanded_topk_weight);
+                                         call.expanded_scale, call.expanded_topk_weight,
+                                         owned->config(workspace, workspaceSize));
   });
 }
 

@@ -35,7 +35,7 @@ class ThreadPool {
     return *pool;
   }
 
-  void run(int64_t num_tasks, int num_threads, const std::function<void(int64_t, int64_t)>& fn) {
+  void run(int64_t num_tasks, int num_threads, detail::RangeFn fn) {
     int64_t pieces = std::min<int64_t>(num_threads, num_tasks);
     if (pieces <= 1) {
       if (num_tasks > 0) fn(0, num_tasks);
@@ -71,6 +71,11 @@ class ThreadPool {
     std::unique_lock<std::mutex> lock(mutex_);
     done_.wait(lock, [&] { return pending_ == 0; });
     job_ = nullptr;
+  }
+
+  void reserve(int num_threads) {
+    std::lock_guard<std::mutex> busy(dispatch_mutex_);
+    ensure_workers(num_threads - 1);
   }
 
  private:
@@ -120,7 +125,7 @@ class ThreadPool {
   std::condition_variable wake_;
   std::condition_variable done_;
   std::vector<std::thread> workers_;
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  const detail::RangeFn* job_ = nullptr;
   int64_t job_tasks_ = 0;
   std::atomic<int64_t> job_pieces_{0};
   std::atomic<int64_t> next_piece_{0};
@@ -141,8 +146,9 @@ namespace detail {
 
 int resolve_num_threads(int requested) { return requested > 0 ? requested : get_num_threads(); }
 
-void parallel_for(int64_t num_tasks, int num_threads,
-                  const std::function<void(int64_t, int64_t)>& fn) {
+void reserve_threads(int num_threads) { ThreadPool::instance().reserve(num_threads); }
+
+void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn) {
   ThreadPool::instance().run(num_tasks, std::max(1, num_threads), fn);
 }
 

@@ -5,7 +5,8 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <type_traits>
+#include <utility>
 
 namespace moe_routing::detail {
 
@@ -23,10 +24,32 @@ inline int threads_for_bytes(int threads, int64_t bytes) {
   return useful < threads ? int(useful) : threads;
 }
 
+/// A non-owning reference to a callable taking (begin, end): unlike std::function it never
+/// allocates, so a kernel's parallel loops allocate nothing (the C ABI's phase two promises that).
+/// The callable must outlive the call it is passed to, which every use here satisfies.
+class RangeFn {
+ public:
+  template <class Fn, class = std::enable_if_t<!std::is_same_v<std::decay_t<Fn>, RangeFn>>>
+  RangeFn(const Fn& fn)  // NOLINT: implicit, like std::function
+      : object_(static_cast<const void*>(&fn)), call_(&invoke<Fn>) {}
+  void operator()(int64_t begin, int64_t end) const { call_(object_, begin, end); }
+
+ private:
+  template <class Fn>
+  static void invoke(const void* object, int64_t begin, int64_t end) {
+    (*static_cast<const Fn*>(object))(begin, end);
+  }
+  const void* object_;
+  void (*call_)(const void*, int64_t, int64_t);
+};
+
+/// Starts the pool's worker threads for calls with up to `num_threads` threads now, so that later
+/// calls create none (thread creation allocates). parallel_for starts them on first need anyway.
+void reserve_threads(int num_threads);
+
 /// Calls fn(begin, end) on contiguous pieces covering [0, num_tasks), using up to `num_threads`
 /// threads (the caller's included). Returns when every piece is done. When the pool is busy with
 /// another call (concurrent or nested use) the work runs inline on the calling thread.
-void parallel_for(int64_t num_tasks, int num_threads,
-                  const std::function<void(int64_t, int64_t)>& fn);
+void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn);
 
 }  // namespace moe_routing::detail

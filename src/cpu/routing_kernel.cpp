@@ -4,7 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <vector>
+#include <memory>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -242,27 +242,27 @@ void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
     static_cast<int64_t*>(pr.counts)[index] = value;
 }
 
-void write_counts(const RoutingProblem& pr, const std::vector<int64_t>& totals) {
+void write_counts(const RoutingProblem& pr, const int64_t* totals) {
   const int64_t range = pr.range_end - pr.range_start;
   switch (pr.count_format) {
     case CountFormat::none: return;
     case CountFormat::cumsum: {
       int64_t running = 0;
       for (int64_t j = 0; j < range; ++j) {
-        running += totals[size_t(j)];
+        running += totals[j];
         write_count(pr, j, running);
       }
       return;
     }
     case CountFormat::count:
-      for (int64_t j = 0; j < range; ++j) write_count(pr, j, totals[size_t(j)]);
+      for (int64_t j = 0; j < range; ++j) write_count(pr, j, totals[j]);
       return;
     case CountFormat::key_value: {
       int64_t row = 0;
       for (int64_t j = 0; j < range; ++j) {
-        if (totals[size_t(j)] == 0) continue;
+        if (totals[j] == 0) continue;
         write_count(pr, 2 * row, pr.range_start + j);
-        write_count(pr, 2 * row + 1, totals[size_t(j)]);
+        write_count(pr, 2 * row + 1, totals[j]);
         ++row;
       }
       if (row < pr.expert_num)
@@ -273,37 +273,126 @@ void write_counts(const RoutingProblem& pr, const std::vector<int64_t>& totals) 
   }
 }
 
+/// Where each scratch array lives in the workspace (byte offsets from a 64-byte aligned base).
+/// Sizes depend on the problem's sizes and attributes and the thread count, never on the data:
+/// whatever the expert ids turn out to be, the kernel fits.
+struct ScratchLayout {
+  int64_t blocks = 1;            // blocks of the key pass
+  bool radix_possible = false;   // a sort may need the radix passes (then `scratch` is needed)
+  uint64_t keys = 0, order = 0, scratch = 0, block_max = 0, totals = 0, first = 0, offsets = 0;
+  uint64_t bytes = 0;            // including the slack to align an arbitrary base
+};
+
+constexpr uint64_t kScratchAlign = 64;
+
+ScratchLayout scratch_layout(const RoutingProblem& pr, int num_threads) {
+  ScratchLayout layout;
+  const int64_t P = pr.pairs();
+  layout.blocks = std::max<int64_t>(1, std::min<int64_t>(num_threads, P / 16384));
+  // The key range of the main sort: the whole expert range when counts are written, else up to
+  // the largest routed key + 1 (ids are int32, so at most 2^32 keys either way).
+  const uint64_t range = uint64_t(std::min<int64_t>(pr.range_end - pr.range_start, int64_t(1) << 32));
+  const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;  // may sort any int32 ids
+  const uint64_t max_range = scatter_tail ? std::max<uint64_t>(range, uint64_t(1) << 32) : range;
+  layout.radix_possible = max_range > kDirectBuckets;
+  uint64_t at = 0;
+  auto region = [&at](uint64_t bytes) {
+    const uint64_t offset = at;
+    at += (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    return offset;
+  };
+  layout.keys = region(uint64_t(P) * sizeof(uint32_t));
+  layout.order = region(uint64_t(P) * sizeof(int32_t));
+  layout.scratch = region(layout.radix_possible ? uint64_t(P) * sizeof(int32_t) : 0);
+  layout.block_max = region(uint64_t(layout.blocks) * 2 * sizeof(int64_t));
+  layout.totals = region(pr.needs_counts() ? range * sizeof(int64_t) : 0);
+  layout.first = region(pr.drop_pad ? uint64_t(pr.expert_num) * sizeof(int64_t) : 0);
+  layout.offsets = region(uint64_t(sort_offsets_entries(P, max_range, num_threads)) * sizeof(int64_t));
+  layout.bytes = at + kScratchAlign;
+  return layout;
+}
+
+/// Scratch for calls without a caller workspace. Up to kCachedScratchBytes stay allocated per
+/// calling thread, so that repeated small calls (decode sizes) allocate nothing; larger scratch
+/// is allocated for the call and freed after it.
+constexpr uint64_t kCachedScratchBytes = uint64_t(4) << 20;
+
+class OwnedScratch {
+ public:
+  explicit OwnedScratch(uint64_t bytes) {
+    if (bytes <= kCachedScratchBytes) {
+      thread_local std::unique_ptr<unsigned char[]> cached;
+      thread_local uint64_t cached_bytes = 0;
+      if (cached_bytes < bytes) {  // grows at most a few times per thread
+        cached.reset();
+        cached_bytes = 0;
+        const uint64_t grown = std::max<uint64_t>(bytes, uint64_t(64) << 10);
+        cached.reset(new unsigned char[grown]);
+        cached_bytes = grown;
+      }
+      data_ = cached.get();
+    } else {
+      owned_.reset(new unsigned char[bytes]);
+      data_ = owned_.get();
+    }
+  }
+  unsigned char* data() const { return data_; }
+
+ private:
+  std::unique_ptr<unsigned char[]> owned_;
+  unsigned char* data_ = nullptr;
+};
+
 }  // namespace
 
-void moe_init_routing(const RoutingProblem& pr, int num_threads) {
+uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
+  return scratch_layout(problem, num_threads).bytes;
+}
+
+void moe_init_routing(const RoutingProblem& pr, int num_threads, void* workspace) {
+  const ScratchLayout layout = scratch_layout(pr, num_threads);
+  std::unique_ptr<OwnedScratch> owned;
+  if (workspace == nullptr) {
+    owned = std::make_unique<OwnedScratch>(layout.bytes);
+    workspace = owned->data();
+  }
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(workspace);
+  unsigned char* base = static_cast<unsigned char*>(workspace) +
+                        ((kScratchAlign - raw % kScratchAlign) % kScratchAlign);
+  auto at = [base](uint64_t offset) { return static_cast<void*>(base + offset); };
+
   const int64_t P = pr.pairs();
   const int64_t start = pr.range_start, end = pr.range_end;
-  std::vector<uint32_t> keys(static_cast<size_t>(P));
-  std::vector<int32_t> order(static_cast<size_t>(P));
+  uint32_t* keys = static_cast<uint32_t*>(at(layout.keys));
+  int32_t* order = static_cast<int32_t*>(at(layout.order));
+  int32_t* scratch = static_cast<int32_t*>(at(layout.scratch));
+  int64_t* sort_offsets = static_cast<int64_t*>(at(layout.offsets));
 
   // 1. Keys, and the largest routed key / largest id above the range (per block, then reduced).
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(num_threads, P / 16384));
-  std::vector<int64_t> block_max_key(size_t(blocks), -1), block_max_high(size_t(blocks), -1);
+  const int64_t blocks = layout.blocks;
+  int64_t* block_max_key = static_cast<int64_t*>(at(layout.block_max));
+  int64_t* block_max_high = block_max_key + blocks;
   for_blocks(P, blocks, num_threads, [&](int64_t b, int64_t begin, int64_t stop) {
     int64_t max_key = -1, max_high = -1;
     for (int64_t p = begin; p < stop; ++p) {
       const int64_t id = pr.expert_idx[p];
       if (id >= start && id < end) {
-        keys[size_t(p)] = uint32_t(id - start);
+        keys[p] = uint32_t(id - start);
         max_key = std::max(max_key, id - start);
       } else {
-        keys[size_t(p)] = kNotRouted;
+        keys[p] = kNotRouted;
         if (id >= end) max_high = std::max(max_high, id);
       }
     }
-    block_max_key[size_t(b)] = max_key;
-    block_max_high[size_t(b)] = max_high;
+    block_max_key[b] = max_key;
+    block_max_high[b] = max_high;
   });
-  const int64_t max_key = *std::max_element(block_max_key.begin(), block_max_key.end());
-  const int64_t max_high = *std::max_element(block_max_high.begin(), block_max_high.end());
+  const int64_t max_key = *std::max_element(block_max_key, block_max_key + blocks);
+  const int64_t max_high = *std::max_element(block_max_high, block_max_high + blocks);
 
   // 2. The routed pairs, sorted stably by expert id. Counts need totals over the whole range.
-  std::vector<int64_t> totals(pr.needs_counts() ? size_t(end - start) : 0, 0);
+  int64_t* totals = pr.needs_counts() ? static_cast<int64_t*>(at(layout.totals)) : nullptr;
+  if (totals != nullptr) std::fill(totals, totals + (end - start), int64_t(0));
   const uint64_t range = pr.needs_counts() ? uint64_t(end - start) : uint64_t(max_key + 1);
   // row_idx_type 1: the pairs not routed follow in the CANN golden's order, ids >= end by (id, p),
   // then ids < start by p. The golden gives ids < start the key INT32_MAX, which ties them with an
@@ -311,19 +400,15 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
   const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;
   const int64_t low_id = max_high == kInt32Max ? kInt32Max : std::max(max_high + 1, end);
   const uint64_t tail_range = uint64_t(low_id - end + 1);
-  const bool radix = range > kDirectBuckets || (scatter_tail && tail_range > kDirectBuckets);
-  std::vector<int32_t> scratch(radix ? static_cast<size_t>(P) : 0);
-  std::vector<int64_t> first(pr.drop_pad ? size_t(pr.expert_num) : 0);
+  int64_t* first = pr.drop_pad ? static_cast<int64_t*>(at(layout.first)) : nullptr;
   quantize::StaticParams static_params;
   if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
 
-  // Every allocation of this function is done. In the dropless gather layout the sort writes
-  // expanded_row_idx itself (the rank of each position), after its own last allocation.
+  // In the dropless gather layout the sort writes expanded_row_idx itself (the rank of each
+  // position).
   const bool gather = !pr.drop_pad && pr.row_idx_type == 0;
-  const int64_t routed =
-      stable_counting_sort(keys.data(), P, range, num_threads, order.data(), scratch.data(),
-                           totals.empty() ? nullptr : totals.data(),
-                           gather ? pr.expanded_row_idx : nullptr);
+  const int64_t routed = stable_counting_sort(keys, P, range, num_threads, order, scratch, totals,
+                                              gather ? pr.expanded_row_idx : nullptr, sort_offsets);
 
   // 3. The row_idx_type 1 tail.
   if (scatter_tail && routed < P) {
@@ -331,21 +416,24 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
       for (int64_t p = begin; p < stop; ++p) {
         const int64_t id = pr.expert_idx[p];
         if (id >= start && id < end)
-          keys[size_t(p)] = kNotRouted;
+          keys[p] = kNotRouted;
         else
-          keys[size_t(p)] = uint32_t((id >= end ? id : low_id) - end);
+          keys[p] = uint32_t((id >= end ? id : low_id) - end);
       }
     });
-    stable_counting_sort(keys.data(), P, tail_range, num_threads, order.data() + routed,
-                         scratch.data(), nullptr, nullptr);
+    stable_counting_sort(keys, P, tail_range, num_threads, order + routed, scratch, nullptr,
+                         nullptr, sort_offsets);
   }
 
   // 4. Drop-pad: expert e's pairs occupy order[first[e], first[e] + totals[e]).
-  for (size_t e = 1; e < first.size(); ++e) first[e] = first[e - 1] + totals[e - 1];
+  if (first != nullptr && pr.expert_num > 0) {
+    first[0] = 0;
+    for (int64_t e = 1; e < pr.expert_num; ++e) first[e] = first[e - 1] + totals[e - 1];
+  }
 
   // The remaining outputs.
   int32_t* row_idx = pr.expanded_row_idx;
-  const int32_t* sorted = order.data();
+  const int32_t* sorted = order;
   const int64_t rows_with_data = pr.drop_pad ? 0 : std::min(pr.row_limit, routed);
   if (pr.drop_pad) {
     const int64_t C = pr.expert_capacity;
@@ -355,8 +443,8 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
     // Slot e*C + c holds the c-th pair of expert e (c < C); later pairs keep -1.
     parallel_range(pr.expert_num, num_threads, [&](int64_t e0, int64_t e1) {
       for (int64_t e = e0; e < e1; ++e) {
-        const int64_t kept = std::min(C, totals[size_t(e)]);
-        for (int64_t c = 0; c < kept; ++c) row_idx[sorted[first[size_t(e)] + c]] = int32_t(e * C + c);
+        const int64_t kept = std::min(C, totals[e]);
+        for (int64_t c = 0; c < kept; ++c) row_idx[sorted[first[e] + c]] = int32_t(e * C + c);
       }
     });
   } else if (!gather) {  // row_idx_type 1: the sorted positions, then the tail
@@ -370,7 +458,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
     // order, and every destination row is written whole. dest[p] is pair p's row or -1.
     const int32_t* dest = row_idx;  // gather layout and drop-pad: expanded_row_idx itself
     if (!pr.drop_pad && !gather) {  // row_idx_type 1: invert the sorted order into `keys`
-      int32_t* inverse = reinterpret_cast<int32_t*>(keys.data());
+      int32_t* inverse = reinterpret_cast<int32_t*>(keys);
       parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
         std::fill(inverse + begin, inverse + stop, -1);
       });
@@ -384,7 +472,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
     if (pr.drop_pad) {
       const int64_t C = pr.expert_capacity;
       write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
-        return (slot % C) < totals[size_t(slot / C)] ? -2 : -1;  // -2: written by the scatter
+        return (slot % C) < totals[slot / C] ? -2 : -1;  // -2: written by the scatter
       });
     } else {
       write_rows(pr, static_params, pr.expanded_rows, num_threads,
@@ -394,7 +482,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads) {
     const int64_t C = pr.expert_capacity;
     write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
       const int64_t e = slot / C, c = slot % C;
-      return c < totals[size_t(e)] ? sorted[first[size_t(e)] + c] : -1;
+      return c < totals[e] ? sorted[first[e] + c] : -1;
     });
   } else {
     write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t d) -> int64_t {

@@ -11,10 +11,17 @@ namespace moe_routing::cpu {
 ///  3. expanded_row_idx and the rows (memcpy per row, or quantisation), parallel over
 ///     destination rows / slots, each written by exactly one thread;
 ///  4. the counts, from the totals.
-/// Extra memory: 2 * N*K 32-bit integers (3 * N*K when ids beyond 2^16 need the radix passes)
-/// plus threads * min(range, 2^16) + E 64-bit integers.
-/// All of it is allocated before the first output is written (std::bad_alloc leaves the outputs
-/// untouched).
-void moe_init_routing(const detail::RoutingProblem& problem, int num_threads);
+/// Scratch: 2 * N*K 32-bit integers (3 * N*K when ids beyond 2^16 may need the radix passes)
+/// plus about threads * min(range, 2^16) + E + range 64-bit integers, all in one `workspace` of
+/// workspace_bytes(problem, num_threads) bytes (any alignment). With a null workspace the kernel
+/// allocates it before the first output is written (std::bad_alloc leaves the outputs
+/// untouched); scratch up to a few MiB is kept per calling thread for the next call. With a
+/// workspace, the kernel allocates nothing.
+void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, void* workspace);
+
+/// The workspace size moe_init_routing needs for `problem` with `num_threads` threads: an upper
+/// bound from the sizes and attributes only (never the data), so it can be asked before the data
+/// exists.
+uint64_t workspace_bytes(const detail::RoutingProblem& problem, int num_threads);
 
 }  // namespace moe_routing::cpu

@@ -99,6 +99,19 @@ struct ForwardResult {
   Tensor expanded_x, expanded_row_idx, counts, expanded_scale, expanded_topk_weight;
 };
 
+/// The runner's settings; with a caller workspace, `buffer` holds it: exactly `size` bytes
+/// starting one byte into the allocation (misaligned), so that any access past the reported size
+/// is a heap overflow under AddressSanitizer.
+inline ExecConfig forward_config(const Runner& runner, uint64_t size, std::vector<unsigned char>* buffer) {
+  ExecConfig config = runner.config();
+  if (runner.backend == Backend::cpu && runner.caller_workspace) {
+    buffer->assign(size_t(size) + 1, 0xa5);
+    config.workspace = buffer->data() + 1;
+    config.workspace_bytes = size;
+  }
+  return config;
+}
+
 /// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
 inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
   ForwardResult r;
@@ -115,10 +128,12 @@ inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
+  std::vector<unsigned char> workspace;
   r.status = moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
                               c.topk_weight.view(), c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(),
                               r.counts.view(), r.expanded_scale.view(), r.expanded_topk_weight.view(),
-                              runner.config());
+                              forward_config(runner, moe_init_routing_workspace_size(r.plan, runner.threads),
+                                             &workspace));
   return r;
 }
 
@@ -165,9 +180,11 @@ inline V2Result run_v2(V2Case& c, const Runner& runner) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
+  std::vector<unsigned char> workspace;
   r.status = moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, r.expanded_x.view(),
                                  r.expanded_row_idx.view(), r.counts.view(), r.before_capacity.view(),
-                                 runner.config());
+                                 forward_config(runner, moe_init_routing_v2_workspace_size(r.plan, runner.threads),
+                                                &workspace));
   return r;
 }
 

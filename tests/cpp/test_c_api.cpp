@@ -99,13 +99,14 @@ Outcome outcome_of(mrStatus status, uint64_t workspace_size = 0) {
 
 using PhaseTwo = mrStatus (*)(void*, uint64_t, mrExecutor*, mrStream);
 
-/// Phase one of `call`, then, if it succeeded, `phase_two` without workspace.
+/// Phase one of `call`, then, if it succeeded, `phase_two` with a workspace of the reported size.
 template <class Call>
 Outcome both_phases(Call& call, PhaseTwo phase_two) {
   mrExecutor* executor = nullptr;
   const Outcome o = call.phase_one(&executor);
   if (o.status != MR_SUCCESS) return o;
-  return outcome_of(phase_two(nullptr, 0, executor, nullptr));
+  std::vector<unsigned char> workspace(size_t(o.workspace_size));
+  return outcome_of(phase_two(workspace.data(), o.workspace_size, executor, nullptr));
 }
 
 // ------------------------------------------------------------------------------------------
@@ -817,6 +818,70 @@ TEST(CApiExecutor, LifecycleAndWorkspace) {
             (std::vector<float>{0.0f, 3.75f, 0.875f, 1.5f}));
 }
 
+/// The forward operators report a workspace in phase one and require it in phase two: too
+/// small (NULL with 0 included) is refused with nothing written, and the executor is consumed;
+/// the exact size at an unaligned address works and gives the C++ API's results.
+template <class Call, class PhaseTwoFn>
+void expect_forward_workspace_required(PhaseTwoFn phase_two, const char* op) {
+  Call call;
+  mrExecutor* executor = nullptr;
+  Outcome o = call.phase_one(&executor);
+  ASSERT_EQ(o.status, MR_SUCCESS) << o.message;
+  const uint64_t ws = o.workspace_size;
+  EXPECT_GT(ws, 0u) << op;
+  EXPECT_EQ(phase_two(nullptr, 0, executor, nullptr), MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(mrGetLastErrorMessage()),
+            std::string(op) + "workspace_size must be at least " + std::to_string(ws) +
+                " (the size phase one reported), got 0");
+  EXPECT_EQ(live_executors(), 0);
+  EXPECT_TRUE(call.outputs_untouched()) << op;
+
+  std::vector<unsigned char> workspace(size_t(ws) + 1);
+  ASSERT_EQ(call.phase_one(&executor).status, MR_SUCCESS);
+  EXPECT_EQ(phase_two(workspace.data() + 1, ws - 1, executor, nullptr), MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(call.outputs_untouched()) << op;
+
+  ASSERT_EQ(call.phase_one(&executor).status, MR_SUCCESS);
+  EXPECT_EQ(phase_two(workspace.data() + 1, ws, executor, nullptr), MR_SUCCESS)
+      << mrGetLastErrorMessage();
+  Call expected;
+  ASSERT_TRUE(expected.cpp().is_ok());
+  EXPECT_EQ(call.expanded_x.bytes, expected.expanded_x.bytes) << op;
+  EXPECT_EQ(call.expanded_row_idx.bytes, expected.expanded_row_idx.bytes) << op;
+  EXPECT_EQ(call.counts.bytes, expected.counts.bytes) << op;
+  EXPECT_EQ(live_executors(), 0);
+}
+
+TEST(CApiExecutor, ForwardWorkspaceIsReportedAndRequired) {
+  expect_forward_workspace_required<V2Call>(&mrMoeInitRoutingV2, "moe_init_routing_v2: ");
+  expect_forward_workspace_required<RoutingCall>(&mrMoeInitRouting, "moe_init_routing: ");
+}
+
+// The workspace size is fixed in phase one with the thread count of then: changing the default
+// before phase two does not invalidate it.
+TEST(CApiExecutor, WorkspaceSurvivesAThreadCountChange) {
+  V2Call call;
+  // Large enough that the kernels would use every thread.
+  call.x = Arg(DType::float32, {4096, 64});
+  call.expert_idx = Arg(DType::int32, {4096, 2});
+  std::vector<int32_t> ids(4096 * 2);
+  for (size_t p = 0; p < ids.size(); ++p) ids[p] = int32_t(p % 3);
+  call.set_ids(ids);
+  call.expanded_x = Arg(DType::float32, {8192, 64});
+  call.expanded_row_idx = Arg(DType::int32, {8192});
+  ASSERT_EQ(mrSetNumThreads(1), MR_SUCCESS);
+  mrExecutor* executor = nullptr;
+  const Outcome o = call.phase_one(&executor);
+  ASSERT_EQ(o.status, MR_SUCCESS) << o.message;
+  ASSERT_EQ(mrSetNumThreads(8), MR_SUCCESS);
+  std::vector<unsigned char> workspace(size_t(o.workspace_size));
+  EXPECT_EQ(mrMoeInitRoutingV2(workspace.data(), o.workspace_size, executor, nullptr), MR_SUCCESS)
+      << mrGetLastErrorMessage();
+  ASSERT_EQ(mrSetNumThreads(0), MR_SUCCESS);
+  const int32_t* counts = reinterpret_cast<const int32_t*>(call.counts.bytes.data());
+  EXPECT_EQ(std::vector<int32_t>(counts, counts + 3), (std::vector<int32_t>{2731, 2731, 2730}));
+}
+
 TEST(CApiExecutor, WrongOperatorIsRefusedAndConsumed) {
   GradCall grad;
   V2Call v2;
@@ -901,7 +966,8 @@ TEST(CApiExecutor, QuantFlavourSetter) {
     ASSERT_EQ(o.status, MR_SUCCESS) << o.message;
     EXPECT_EQ(mrSetQuantFlavour(executor, flavour), MR_SUCCESS);
     EXPECT_EQ(mrSetQuantFlavour(executor, -7), MR_ERROR_INVALID_ARGUMENT);
-    ASSERT_EQ(mrMoeInitRouting(nullptr, 0, executor, nullptr), MR_SUCCESS)
+    std::vector<unsigned char> workspace(size_t(o.workspace_size));
+    ASSERT_EQ(mrMoeInitRouting(workspace.data(), o.workspace_size, executor, nullptr), MR_SUCCESS)
         << mrGetLastErrorMessage();
     EXPECT_EQ(int8_t(call.expanded_x.bytes[0]), expected);
   }
@@ -1072,7 +1138,8 @@ V2Result run_c_v2(V2Case& c) {
       x.get(), ids.get(), a.active_num, a.expert_capacity, a.expert_num, a.drop_pad_mode,
       a.expert_tokens_count_or_cumsum_flag, a.expert_tokens_before_capacity_flag, ex.get(),
       eri.get(), cnt.get(), bc.get(), &ws, &executor);
-  if (s == MR_SUCCESS) s = mrMoeInitRoutingV2(nullptr, ws, executor, nullptr);
+  std::vector<unsigned char> workspace(size_t(s == MR_SUCCESS ? ws : 0));
+  if (s == MR_SUCCESS) s = mrMoeInitRoutingV2(workspace.data(), ws, executor, nullptr);
   r.status = status_of(s);
   return r;
 }
@@ -1152,8 +1219,9 @@ ForwardResult run_c_forward(ForwardCase& c) {
       a.quant_mode, range_length ? range : nullptr, range_length, a.row_idx_type, ex.get(),
       eri.get(), cnt.get(), es.get(), ew.get(), &ws, &executor);
   if (s == MR_SUCCESS) s = mrSetQuantFlavour(executor, mrQuantFlavour(a.flavour));
+  std::vector<unsigned char> workspace(size_t(s == MR_SUCCESS ? ws : 0));
   if (s == MR_SUCCESS)
-    s = mrMoeInitRouting(nullptr, ws, executor, nullptr);
+    s = mrMoeInitRouting(workspace.data(), ws, executor, nullptr);
   else
     mrDestroyExecutor(executor);
   r.status = status_of(s);

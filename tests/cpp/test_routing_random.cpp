@@ -160,8 +160,9 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
       c.attrs.active_num = 20000;
       ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
       ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
-      for (int threads : {1, 2, 3, 8, 16})
-        EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads})))
+      for (int threads : {1, 2, 3, 8, 16})  // odd counts with a caller workspace
+        EXPECT_TRUE(testing::same_result(
+            expected, testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
             << threads << " threads, row_idx_type " << row_idx_type << " quant " << quant;
     }
   V2Case v2;
@@ -176,8 +177,51 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
   V2Result expected = testing::run_v2(v2, {Backend::reference, CpuIsa::automatic, 1});
   ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
   for (int threads : {1, 2, 3, 8, 16})
-    EXPECT_TRUE(testing::same_result(expected, testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic, threads})))
+    EXPECT_TRUE(testing::same_result(
+        expected, testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
         << threads << " threads (V2 drop-pad)";
+}
+
+// ExecConfig::workspace: the size depends on the plan and thread count only; a smaller one is
+// refused before anything is written; the reference backend ignores it.
+TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
+  ForwardCase c;
+  const int64_t N = 3000, K = 4, H = 16;
+  Random rng(5);
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(-1, 9));
+  c.x = Tensor::floats(DType::float32, {N, H}, random_values(rng, N * H, false));
+  c.expert_idx = Tensor::int32s({N, K}, ids);
+  c.attrs.expert_num = 8;
+  c.attrs.expert_tokens_num_flag = true;
+  c.attrs.row_idx_type = 1;
+  MoeInitRoutingPlan plan;
+  ASSERT_TRUE(infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
+                                     c.topk_weight.view(), c.attrs, &plan).is_ok());
+  const uint64_t size = moe_init_routing_workspace_size(plan, 2);
+  // The ids do not matter: the same plan with other ids has the same size.
+  EXPECT_GT(size, uint64_t(N * K * 8));
+  Tensor out = Tensor::from_spec(plan.expanded_x), row_idx = Tensor::from_spec(plan.expanded_row_idx),
+         counts = Tensor::from_spec(plan.expert_tokens_count_or_cumsum);
+  for (Tensor* t : {&out, &row_idx, &counts}) t->poison();
+  std::vector<unsigned char> workspace(static_cast<size_t>(size));
+  ExecConfig config;
+  config.num_threads = 2;
+  config.workspace = workspace.data();
+  config.workspace_bytes = size - 1;
+  const Status refused = moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
+                                          c.topk_weight.view(), c.attrs, out.view(), row_idx.view(),
+                                          counts.view(), TensorView(), TensorView(), config);
+  EXPECT_EQ(refused.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(refused.message(), "moe_init_routing: workspace_bytes must be at least " + std::to_string(size) +
+                                   " for this call with 2 threads (ask the *_workspace_size function with "
+                                   "the same num_threads), got " + std::to_string(size - 1));
+  for (const Tensor* t : {&out, &row_idx, &counts})
+    for (uint8_t b : t->bytes) ASSERT_EQ(b, 0x5A) << "an output was written";
+  config.backend = Backend::reference;  // ignores the workspace
+  EXPECT_TRUE(moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
+                               c.topk_weight.view(), c.attrs, out.view(), row_idx.view(), counts.view(),
+                               TensorView(), TensorView(), config).is_ok());
 }
 
 TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
@@ -274,8 +318,11 @@ TEST(RoutingRandom, HugeIdsTakeTheRadixPathAndMatchTheReference) {
 
 TEST(RoutingRandom, CountingSortIsStableAndThreadIndependent) {
   Random rng(3);
-  for (uint64_t range : {uint64_t(1), uint64_t(7), uint64_t(65536), uint64_t(65537), uint64_t(1) << 31}) {
-    const int64_t n = 50000;
+  // The offsets buffer is exactly sort_offsets_entries long: under AddressSanitizer this also
+  // checks that bound (ranges around the 4096-item block size and the 2^16 radix threshold).
+  for (uint64_t range : {uint64_t(1), uint64_t(7), uint64_t(4096), uint64_t(5000), uint64_t(20000),
+                         uint64_t(65536), uint64_t(65537), uint64_t(1) << 31}) {
+    const int64_t n = range == 20000 ? 170000 : 50000;
     std::vector<uint32_t> keys(static_cast<size_t>(n));
     for (uint32_t& k : keys)
       k = rng.integer(0, 9) == 0 ? cpu::kNotRouted : uint32_t(rng.integer(0, int64_t(std::min<uint64_t>(range, 40)) - 1) *
@@ -293,8 +340,10 @@ TEST(RoutingRandom, CountingSortIsStableAndThreadIndependent) {
       std::vector<int64_t> totals(expected_totals.size(), -7);
       std::vector<int32_t> rank(size_t(n), -7), expected_rank(size_t(n), -1);
       for (size_t d = 0; d < expected.size(); ++d) expected_rank[size_t(expected[d])] = int32_t(d);
+      std::vector<int64_t> offsets(size_t(cpu::sort_offsets_entries(n, range, threads)));
       const int64_t m = cpu::stable_counting_sort(keys.data(), n, range, threads, order.data(), scratch.data(),
-                                                  with_totals ? totals.data() : nullptr, rank.data());
+                                                  with_totals ? totals.data() : nullptr, rank.data(),
+                                                  offsets.data());
       ASSERT_EQ(m, int64_t(expected.size())) << "range " << range << ", " << threads << " threads";
       EXPECT_EQ(rank, expected_rank) << "range " << range << ", " << threads << " threads";
       order.resize(size_t(m));

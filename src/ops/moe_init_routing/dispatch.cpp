@@ -78,6 +78,75 @@ int64_t routing_bytes(const RoutingProblem& problem) {
   return rows * hidden * element + index_bytes;
 }
 
+/// The CPU kernels' thread count for a problem: the configured count, fewer for small work.
+int cpu_threads(const RoutingProblem& problem, int num_threads) {
+  return detail::threads_for_bytes(detail::resolve_num_threads(num_threads),
+                                   routing_bytes(problem));
+}
+
+/// The sizes and attributes of a call (no data pointers): enough to size its workspace.
+RoutingProblem problem_from_plan(const MoeInitRoutingV2Plan& plan) {
+  RoutingProblem problem;
+  problem.num_rows = plan.num_rows;
+  problem.top_k = plan.top_k;
+  problem.hidden = plan.hidden;
+  problem.x_dtype = plan.dtype;
+  // Every id is checked to be in [0, expert_id_limit), so every pair is routed.
+  problem.range_start = 0;
+  problem.range_end = plan.expert_id_limit;
+  problem.drop_pad = plan.drop_pad;
+  problem.expert_num = plan.expert_num;
+  problem.expert_capacity = plan.expert_capacity;
+  problem.row_limit = plan.expanded_rows;
+  problem.expanded_rows = plan.expanded_rows;
+  problem.count_dtype = DType::int32;
+  if (plan.expert_tokens_count_or_cumsum.produced)
+    problem.count_format = plan.count_flag == 1 ? CountFormat::cumsum : CountFormat::count;
+  else if (plan.expert_tokens_before_capacity.produced)
+    problem.count_format = CountFormat::count;
+  return problem;
+}
+
+RoutingProblem problem_from_plan(const MoeInitRoutingPlan& plan) {
+  RoutingProblem problem;
+  problem.num_rows = plan.num_rows;
+  problem.top_k = plan.top_k;
+  problem.hidden = plan.hidden;
+  problem.x_dtype = plan.x_dtype;
+  problem.range_start = plan.range_start;
+  problem.range_end = plan.range_end;
+  problem.drop_pad = plan.drop_pad;
+  problem.expert_num = plan.expert_num;
+  problem.expert_capacity = plan.expert_capacity;
+  problem.row_limit = plan.row_limit;
+  problem.expanded_rows = plan.expanded_x.shape[0] * (plan.drop_pad ? plan.expanded_x.shape[1] : 1);
+  problem.row_idx_type = plan.row_idx_type;
+  problem.quant_mode = plan.quant_mode;
+  problem.flavour = plan.flavour;
+  problem.scale_rows = plan.scale_rows;
+  problem.count_dtype = DType::int64;
+  if (plan.expert_tokens_num_flag) {
+    const CountFormat formats[] = {CountFormat::cumsum, CountFormat::count, CountFormat::key_value};
+    problem.count_format = formats[plan.expert_tokens_num_type];
+  }
+  return problem;
+}
+
+/// A caller's workspace (config.workspace) must hold what the CPU kernels need.
+Status check_workspace(const char* op, const RoutingProblem& problem, const ExecConfig& config,
+                       Device device) {
+  if (config.workspace == nullptr || device != Device::cpu ||
+      config.backend == Backend::reference)
+    return Status::ok();
+  const int threads = cpu_threads(problem, config.num_threads);
+  const uint64_t needed = cpu::workspace_bytes(problem, threads);
+  if (config.workspace_bytes < needed)
+    return invalid_argument(op, "workspace_bytes must be at least ", needed, " for this call with ",
+                            threads, " threads (ask the *_workspace_size function with the same "
+                            "num_threads), got ", config.workspace_bytes);
+  return Status::ok();
+}
+
 /// Runs the problem on the configured backend. Backends allocate everything before writing, so
 /// an allocation failure leaves every output untouched. On a CUDA device, `reject_unrouted` (the
 /// V2 API) has the kernels check the expert ids the CPU path checked before building the problem.
@@ -91,9 +160,7 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
     if (config.backend == Backend::reference)
       reference::moe_init_routing(problem);
     else
-      cpu::moe_init_routing(problem, detail::threads_for_bytes(
-                                         detail::resolve_num_threads(config.num_threads),
-                                         routing_bytes(problem)));
+      cpu::moe_init_routing(problem, cpu_threads(problem, config.num_threads), config.workspace);
   } catch (const std::bad_alloc&) {
     return runtime_error(op, "memory for the sort must be allocatable (about 12 bytes per pair), "
                          "got an allocation failure for ", problem.pairs(), " pairs");
@@ -114,6 +181,16 @@ Status zero_if_not_produced(const char* op, const TensorView& t, const OutputSpe
 }
 
 }  // namespace
+
+uint64_t moe_init_routing_v2_workspace_size(const MoeInitRoutingV2Plan& plan, int num_threads) {
+  const RoutingProblem problem = problem_from_plan(plan);
+  return cpu::workspace_bytes(problem, cpu_threads(problem, num_threads));
+}
+
+uint64_t moe_init_routing_workspace_size(const MoeInitRoutingPlan& plan, int num_threads) {
+  const RoutingProblem problem = problem_from_plan(plan);
+  return cpu::workspace_bytes(problem, cpu_threads(problem, num_threads));
+}
 
 Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
                            const MoeInitRoutingV2Attrs& attrs, const TensorView& expanded_x,
@@ -141,31 +218,16 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
   if (x.device == Device::cpu)  // CUDA: the kernels check the ids (device memory)
     MOE_ROUTING_RETURN_IF_ERROR(check_moe_init_routing_v2_expert_idx(ids, plan));
 
-  RoutingProblem problem;
-  problem.num_rows = plan.num_rows;
-  problem.top_k = plan.top_k;
-  problem.hidden = plan.hidden;
-  problem.x_dtype = plan.dtype;
-  // Every id is checked to be in [0, expert_id_limit), so every pair is routed.
-  problem.range_start = 0;
-  problem.range_end = plan.expert_id_limit;
-  problem.drop_pad = plan.drop_pad;
-  problem.expert_num = plan.expert_num;
-  problem.expert_capacity = plan.expert_capacity;
-  problem.row_limit = plan.expanded_rows;
-  problem.expanded_rows = plan.expanded_rows;
+  RoutingProblem problem = problem_from_plan(plan);
   problem.x = x.data;
   problem.expert_idx = ids;
   problem.expanded_x = expanded_x.data;
   problem.expanded_row_idx = expanded_row_idx.data_as<int32_t>();
-  problem.count_dtype = DType::int32;
-  if (plan.expert_tokens_count_or_cumsum.produced) {
-    problem.count_format = plan.count_flag == 1 ? CountFormat::cumsum : CountFormat::count;
+  if (plan.expert_tokens_count_or_cumsum.produced)
     problem.counts = expert_tokens_count_or_cumsum.data;
-  } else if (plan.expert_tokens_before_capacity.produced) {
-    problem.count_format = CountFormat::count;
+  else if (plan.expert_tokens_before_capacity.produced)
     problem.counts = expert_tokens_before_capacity.data;
-  }
+  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, problem, config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, true));
   MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
       op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
@@ -203,25 +265,10 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
   MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "topk_weight", topk_weight));
   MOE_ROUTING_RETURN_IF_ERROR(check_backend(op, x, config));
 
-  RoutingProblem problem;
-  problem.num_rows = plan.num_rows;
-  problem.top_k = plan.top_k;
-  problem.hidden = plan.hidden;
-  problem.x_dtype = plan.x_dtype;
-  problem.range_start = plan.range_start;
-  problem.range_end = plan.range_end;
-  problem.drop_pad = plan.drop_pad;
-  problem.expert_num = plan.expert_num;
-  problem.expert_capacity = plan.expert_capacity;
-  problem.row_limit = plan.row_limit;
-  problem.expanded_rows = plan.expanded_x.shape[0] * (plan.drop_pad ? plan.expanded_x.shape[1] : 1);
-  problem.row_idx_type = plan.row_idx_type;
-  problem.quant_mode = plan.quant_mode;
-  problem.flavour = plan.flavour;
+  RoutingProblem problem = problem_from_plan(plan);
   problem.x = x.data;
   problem.expert_idx = expert_idx.data_as<const int32_t>();
   if (plan.has_scale) problem.scale = scale.data_as<const float>();
-  problem.scale_rows = plan.scale_rows;
   if (plan.has_offset) problem.offset = offset.data_as<const float>();
   if (plan.has_topk_weight) problem.topk_weight = topk_weight.data_as<const float>();
   problem.expanded_x = expanded_x.data;
@@ -229,12 +276,8 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
   if (plan.expanded_scale.produced) problem.expanded_scale = expanded_scale.data_as<float>();
   if (plan.expanded_topk_weight.produced)
     problem.expanded_topk_weight = expanded_topk_weight.data_as<float>();
-  problem.count_dtype = DType::int64;
-  if (plan.expert_tokens_num_flag) {
-    const CountFormat formats[] = {CountFormat::cumsum, CountFormat::count, CountFormat::key_value};
-    problem.count_format = formats[plan.expert_tokens_num_type];
-    problem.counts = expert_tokens_count_or_cumsum.data;
-  }
+  if (plan.expert_tokens_num_flag) problem.counts = expert_tokens_count_or_cumsum.data;
+  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, problem, config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, false));
   MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
       op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
