@@ -60,26 +60,29 @@ struct RowAddends {
   bool present[32];
 };
 
-/// Tree order with B (<= 8) bins for the `O::W` columns at offset j.
-template <class O, class Tag, int B, bool Stream>
-inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
+/// Tree order with B (<= 8) bins for the `O::W` columns at offset j. KC > 0: K is the constant KC
+/// and every addend is present (a dense row: no branch in the column loop); KC = 0: run time K.
+template <class O, class Tag, int B, bool Stream, int KC = 0>
+inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K_, int64_t j,
                          typename Tag::storage* out) {
+  const int64_t K = KC > 0 ? KC : K_;
+  auto present = [&row](int64_t t) { return KC > 0 || row.present[t]; };
   typename O::V bin[B];
 #pragma GCC unroll 8
   for (int b = 0; b < B; ++b)  // step 1: seed with addend 2b, +0.0 if skipped
-    bin[b] = row.present[2 * b] ? O::template load<Tag>(row.source[2 * b] + j) : O::zero();
+    bin[b] = present(2 * b) ? O::template load<Tag>(row.source[2 * b] + j) : O::zero();
   for (int64_t m0 = B; 2 * m0 < K; m0 += B) {  // step 2: even addends 2m, m >= B, into bin m % B
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
       const int64_t t = 2 * (m0 + b);
-      if (t < K && row.present[t]) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
+      if (t < K && present(t)) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
     }
   }
   for (int64_t m0 = 0; 2 * m0 + 1 < K; m0 += B) {  // step 3: odd addends 2m+1 into bin m % B
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
       const int64_t t = 2 * (m0 + b) + 1;
-      if (t < K && row.present[t]) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
+      if (t < K && present(t)) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
     }
   }
 #pragma GCC unroll 4
@@ -90,22 +93,47 @@ inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K
 }
 
 /// Sequential order for the `O::W` columns at offset j: acc = +0.0; acc += each present addend.
-template <class O, class Tag, bool Stream>
-inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
+template <class O, class Tag, bool Stream, int KC = 0>
+inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int64_t K_, int64_t j,
                                typename Tag::storage* out) {
+  const int64_t K = KC > 0 ? KC : K_;
   typename O::V acc = O::zero();
+#pragma GCC unroll 8
   for (int64_t t = 0; t < K; ++t)
-    if (row.present[t]) acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
+    if (KC > 0 || row.present[t]) acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
   O::template store<Tag, Stream>(out + j, acc);
 }
 
-template <class O, class Tag, int B, bool Stream = false>
+template <class O, class Tag, int B, bool Stream = false, int KC = 0>
 inline void columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
                     typename Tag::storage* out, bool sequential) {
   if (sequential)
-    sequential_columns<O, Tag, Stream>(row, K, j, out);
+    sequential_columns<O, Tag, Stream, KC>(row, K, j, out);
   else
-    tree_columns<O, Tag, B, Stream>(row, K, j, out);
+    tree_columns<O, Tag, B, Stream, KC>(row, K, j, out);
+}
+
+/// Columns [c0, c1) of one output row: a cache line of columns per step, then vector and scalar
+/// tails. Large outputs bypass the caches (non-temporal stores): no read-for-ownership of lines
+/// that are overwritten whole; that needs the vector stores aligned.
+template <class Ops, class Tag, int B, int KC>
+inline void row_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t c0,
+                        int64_t c1, typename Tag::storage* out, bool sequential,
+                        bool stream_output) {
+  using S = typename Tag::storage;
+  constexpr int64_t kStep = 64 / int64_t(sizeof(S));  // columns per cache line
+  int64_t j = c0;
+  if (stream_output && (reinterpret_cast<uintptr_t>(out + c0) % 32) == 0) {
+    for (; j + kStep <= c1; j += kStep)
+      for (int64_t v = 0; v < kStep; v += Ops::W)
+        columns<Ops, Tag, B, true, KC>(row, K, j + v, out, sequential);
+  } else {
+    for (; j + kStep <= c1; j += kStep)
+      for (int64_t v = 0; v < kStep; v += Ops::W)
+        columns<Ops, Tag, B, false, KC>(row, K, j + v, out, sequential);
+  }
+  for (; j + Ops::W <= c1; j += Ops::W) columns<Ops, Tag, B, false, KC>(row, K, j, out, sequential);
+  for (; j < c1; ++j) columns<ScalarOps, Tag, B, false, KC>(row, K, j, out, sequential);
 }
 
 /// Fills `row` with the addends of output row i (sources offset to column 0).
@@ -121,6 +149,13 @@ inline void gather_row_addends(const GradKernelArgs& args, const S* source, int6
   }
 }
 
+/// Bins of the tree order for a top_k of K (tree_shape(K).bins, at compile time, K < 128).
+constexpr int tree_bins_of(int K) {
+  int floor_log2 = 0;
+  while ((2 << floor_log2) <= K) ++floor_log2;
+  return floor_log2 >= 1 ? 1 << (floor_log2 - 1) : 1;
+}
+
 template <class Ops, class Tag, int B>
 void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
   using S = typename Tag::storage;
@@ -129,7 +164,6 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
   const bool sequential = plan.order == AccumulationOrder::sequential;
   const S* source = static_cast<const S*>(args.grad_expanded_x);
   S* output = static_cast<S*>(args.grad_x);
-  constexpr int64_t kStep = 64 / int64_t(sizeof(S));  // columns per cache line
   RowAddends<S> row;
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t i = unit / args.tiles_per_row;
@@ -137,20 +171,27 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
     const int64_t c1 = (H - c0) < args.tile_width ? H : c0 + args.tile_width;
     gather_row_addends(args, source, i, &row);
     S* out = output + i * H;
-    int64_t j = c0;
-    // Large outputs bypass the caches (non-temporal stores): no read-for-ownership of lines that
-    // are overwritten whole. Needs the vector stores aligned.
-    const bool stream = args.stream_output && (reinterpret_cast<uintptr_t>(out + c0) % 32) == 0;
-    if (stream) {
-      for (; j + kStep <= c1; j += kStep)
-        for (int64_t v = 0; v < kStep; v += Ops::W)
-          columns<Ops, Tag, B, true>(row, K, j + v, out, sequential);
+    bool dense = true;
+    for (int64_t t = 0; t < K; ++t) dense = dense && row.present[t];
+    // Dense rows of the common top_k values take loops with K fixed at compile time (the same
+    // additions in the same order, without a branch per addend). KC is only used with the bin
+    // count its tree order has (or with the sequential order, B = 1).
+    auto run = [&](auto kc) {
+      row_columns<Ops, Tag, B, decltype(kc)::value>(row, K, c0, c1, out, sequential,
+                                                    args.stream_output);
+    };
+    using std::integral_constant;
+    if (dense && K == 8 && (B == 1 || B == tree_bins_of(8))) {
+      run(integral_constant<int, 8>());
+    } else if (dense && K == 6 && (B == 1 || B == tree_bins_of(6))) {
+      run(integral_constant<int, 6>());
+    } else if (dense && K == 4 && (B == 1 || B == tree_bins_of(4))) {
+      run(integral_constant<int, 4>());
+    } else if (dense && K == 2 && (B == 1 || B == tree_bins_of(2))) {
+      run(integral_constant<int, 2>());
     } else {
-      for (; j + kStep <= c1; j += kStep)  // a cache line of columns per step
-        for (int64_t v = 0; v < kStep; v += Ops::W) columns<Ops, Tag, B>(row, K, j + v, out, sequential);
+      run(integral_constant<int, 0>());
     }
-    for (; j + Ops::W <= c1; j += Ops::W) columns<Ops, Tag, B>(row, K, j, out, sequential);
-    for (; j < c1; ++j) columns<ScalarOps, Tag, B>(row, K, j, out, sequential);
   }
   Ops::stream_fence();  // order the non-temporal stores before the pool reports completion
 }

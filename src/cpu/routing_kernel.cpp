@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 
@@ -216,7 +217,8 @@ void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_wi
                   int num_threads) {
   const int64_t K = pr.top_k, H = pr.hidden;
   const size_t row_bytes = size_t(H) * dtype_size(pr.x_dtype);
-  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= kStreamOutputBytes;
+  static const int64_t threshold = getenv("MR_NT") ? atoll(getenv("MR_NT")) : kStreamOutputBytes;
+  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= threshold;
   const int64_t limit = pr.drop_pad ? pr.expanded_rows : rows_with_data;
   parallel_range(pr.num_rows, num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -453,7 +455,9 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, void* workspace
     });
   }
 
-  if (pr.quant_mode == -1) {
+  static const int64_t gather_x = getenv("MR_GX") ? atoll(getenv("MR_GX")) : 0;
+  const bool gather_rows = pr.num_rows * pr.hidden * int64_t(dtype_size(pr.x_dtype)) <= gather_x;
+  if (pr.quant_mode == -1 && !gather_rows) {
     // Plain routing copies each token's row to its (up to K) destinations: x is read once, in
     // order, and every destination row is written whole. dest[p] is pair p's row or -1.
     const int32_t* dest = row_idx;  // gather layout and drop-pad: expanded_row_idx itself

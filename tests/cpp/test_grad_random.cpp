@@ -14,7 +14,7 @@ using testing::GradCase;
 const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
 const GradScenario kScenarios[] = {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad};
 const AccumulationOrder kOrders[] = {AccumulationOrder::tree, AccumulationOrder::sequential};
-const int64_t kTopKs[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 127, 128, 130};
+const int64_t kTopKs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 127, 128, 130};
 
 TEST(GradRandom, EveryDtypeScenarioAndTopKMatchesTheReference) {
   testing::Random rng(20261130);
