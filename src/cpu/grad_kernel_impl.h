@@ -58,31 +58,58 @@ template <class S>
 struct RowAddends {
   const S* source[32];
   bool present[32];
+  /// Masked rows (NeutralElements): addend t of column j is source[t][j & mask[t]].
+  int64_t mask[32];
+};
+
+/// Masked loads: instead of a branch per absent addend, an absent addend reads a neutral
+/// element through mask 0 - +0.0 where the order seeds a sum with it (the reference starts
+/// from +0.0 there), -0.0 where it is added (x + -0.0 == x for every x, signed zeros
+/// included, so skipping an addend and adding -0.0 give the same bits; NaN payloads are
+/// canonicalised at the store either way).
+template <class S>
+constexpr S negative_zero() {
+  if constexpr (std::is_same_v<S, float>)
+    return -0.0f;
+  else
+    return S(0x8000);  // float16 and bfloat16
+}
+template <class S>
+struct NeutralElements {
+  // 8 elements: the widest vector reads W <= 8 of them (float32 AVX2).
+  static constexpr S plus_zero[8] = {};
+  static constexpr S minus_zero[8] = {negative_zero<S>(), negative_zero<S>(), negative_zero<S>(),
+                                      negative_zero<S>(), negative_zero<S>(), negative_zero<S>(),
+                                      negative_zero<S>(), negative_zero<S>()};
 };
 
 /// Tree order with B (<= 8) bins for the `O::W` columns at offset j. KC > 0: K is the constant KC
 /// and every addend is present (a dense row: no branch in the column loop); KC = 0: run time K.
-template <class O, class Tag, int B, bool Stream, int KC = 0>
+/// KC > 0 with Masked: every addend is read through its mask (RowAddends::mask).
+template <class O, class Tag, int B, bool Stream, int KC = 0, bool Masked = false>
 inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K_, int64_t j,
                          typename Tag::storage* out) {
   const int64_t K = KC > 0 ? KC : K_;
   auto present = [&row](int64_t t) { return KC > 0 || row.present[t]; };
+  auto load = [&row, j](int64_t t) {
+    return O::template load<Tag>(row.source[t] + (Masked ? (j & row.mask[t]) : j));
+  };
   typename O::V bin[B];
 #pragma GCC unroll 8
   for (int b = 0; b < B; ++b)  // step 1: seed with addend 2b, +0.0 if skipped
-    bin[b] = present(2 * b) ? O::template load<Tag>(row.source[2 * b] + j) : O::zero();
+    bin[b] = present(2 * b) ? load(2 * b) : O::zero();
   for (int64_t m0 = B; 2 * m0 < K; m0 += B) {  // step 2: even addends 2m, m >= B, into bin m % B
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
       const int64_t t = 2 * (m0 + b);
-      if (t < K && present(t)) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
+      if (t < K && present(t)) bin[b] = O::add(bin[b], load(t));
     }
   }
   for (int64_t m0 = 0; 2 * m0 + 1 < K; m0 += B) {  // step 3: odd addends 2m+1 into bin m % B
 #pragma GCC unroll 8
     for (int b = 0; b < B; ++b) {
       const int64_t t = 2 * (m0 + b) + 1;
-      if (t < K && present(t)) bin[b] = O::add(bin[b], O::template load<Tag>(row.source[t] + j));
+      if (t < K && present(t)) bin[b] = O::add(bin[b], load(t));
     }
   }
 #pragma GCC unroll 4
@@ -93,30 +120,31 @@ inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K
 }
 
 /// Sequential order for the `O::W` columns at offset j: acc = +0.0; acc += each present addend.
-template <class O, class Tag, bool Stream, int KC = 0>
+template <class O, class Tag, bool Stream, int KC = 0, bool Masked = false>
 inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int64_t K_, int64_t j,
                                typename Tag::storage* out) {
   const int64_t K = KC > 0 ? KC : K_;
   typename O::V acc = O::zero();
 #pragma GCC unroll 8
   for (int64_t t = 0; t < K; ++t)
-    if (KC > 0 || row.present[t]) acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
+    if (KC > 0 || row.present[t])
+      acc = O::add(acc, O::template load<Tag>(row.source[t] + (Masked ? (j & row.mask[t]) : j)));
   O::template store<Tag, Stream>(out + j, acc);
 }
 
-template <class O, class Tag, int B, bool Stream = false, int KC = 0>
+template <class O, class Tag, int B, bool Stream = false, int KC = 0, bool Masked = false>
 inline void columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
                     typename Tag::storage* out, bool sequential) {
   if (sequential)
-    sequential_columns<O, Tag, Stream, KC>(row, K, j, out);
+    sequential_columns<O, Tag, Stream, KC, Masked>(row, K, j, out);
   else
-    tree_columns<O, Tag, B, Stream, KC>(row, K, j, out);
+    tree_columns<O, Tag, B, Stream, KC, Masked>(row, K, j, out);
 }
 
 /// Columns [c0, c1) of one output row: a cache line of columns per step, then vector and scalar
 /// tails. Large outputs bypass the caches (non-temporal stores): no read-for-ownership of lines
 /// that are overwritten whole; that needs the vector stores aligned.
-template <class Ops, class Tag, int B, int KC>
+template <class Ops, class Tag, int B, int KC, bool Masked>
 inline void row_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t c0,
                         int64_t c1, typename Tag::storage* out, bool sequential,
                         bool stream_output) {
@@ -126,14 +154,15 @@ inline void row_columns(const RowAddends<typename Tag::storage>& row, int64_t K,
   if (stream_output && (reinterpret_cast<uintptr_t>(out + c0) % 32) == 0) {
     for (; j + kStep <= c1; j += kStep)
       for (int64_t v = 0; v < kStep; v += Ops::W)
-        columns<Ops, Tag, B, true, KC>(row, K, j + v, out, sequential);
+        columns<Ops, Tag, B, true, KC, Masked>(row, K, j + v, out, sequential);
   } else {
     for (; j + kStep <= c1; j += kStep)
       for (int64_t v = 0; v < kStep; v += Ops::W)
-        columns<Ops, Tag, B, false, KC>(row, K, j + v, out, sequential);
+        columns<Ops, Tag, B, false, KC, Masked>(row, K, j + v, out, sequential);
   }
-  for (; j + Ops::W <= c1; j += Ops::W) columns<Ops, Tag, B, false, KC>(row, K, j, out, sequential);
-  for (; j < c1; ++j) columns<ScalarOps, Tag, B, false, KC>(row, K, j, out, sequential);
+  for (; j + Ops::W <= c1; j += Ops::W)
+    columns<Ops, Tag, B, false, KC, Masked>(row, K, j, out, sequential);
+  for (; j < c1; ++j) columns<ScalarOps, Tag, B, false, KC, Masked>(row, K, j, out, sequential);
 }
 
 /// Fills `row` with the addends of output row i (sources offset to column 0).
@@ -173,21 +202,32 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
     S* out = output + i * H;
     bool dense = true;
     for (int64_t t = 0; t < K; ++t) dense = dense && row.present[t];
-    // Dense rows of the common top_k values take loops with K fixed at compile time (the same
-    // additions in the same order, without a branch per addend). KC is only used with the bin
-    // count its tree order has (or with the sequential order, B = 1).
+    // The common top_k values take loops with K fixed at compile time (the same additions in the
+    // same order, without a branch per addend): dense rows read their addends directly, rows
+    // with absent addends through masks. KC is only used with the bin count of its tree order
+    // (or with the sequential order, B = 1).
     auto run = [&](auto kc) {
-      row_columns<Ops, Tag, B, decltype(kc)::value>(row, K, c0, c1, out, sequential,
-                                                    args.stream_output);
+      constexpr int KC = decltype(kc)::value;
+      if (KC == 0 || dense) {
+        row_columns<Ops, Tag, B, KC, false>(row, K, c0, c1, out, sequential, args.stream_output);
+        return;
+      }
+      for (int64_t t = 0; t < K; ++t) {
+        row.mask[t] = row.present[t] ? -1 : 0;
+        if (!row.present[t])  // the tree order seeds bin b with addend 2b (b < B)
+          row.source[t] = !sequential && t % 2 == 0 && t < 2 * B ? NeutralElements<S>::plus_zero
+                                                                 : NeutralElements<S>::minus_zero;
+      }
+      row_columns<Ops, Tag, B, KC, true>(row, K, c0, c1, out, sequential, args.stream_output);
     };
     using std::integral_constant;
-    if (dense && K == 8 && (B == 1 || B == tree_bins_of(8))) {
+    if (K == 8 && (B == 1 || B == tree_bins_of(8))) {
       run(integral_constant<int, 8>());
-    } else if (dense && K == 6 && (B == 1 || B == tree_bins_of(6))) {
+    } else if (K == 6 && (B == 1 || B == tree_bins_of(6))) {
       run(integral_constant<int, 6>());
-    } else if (dense && K == 4 && (B == 1 || B == tree_bins_of(4))) {
+    } else if (K == 4 && (B == 1 || B == tree_bins_of(4))) {
       run(integral_constant<int, 4>());
-    } else if (dense && K == 2 && (B == 1 || B == tree_bins_of(2))) {
+    } else if (K == 2 && (B == 1 || B == tree_bins_of(2))) {
       run(integral_constant<int, 2>());
     } else {
       run(integral_constant<int, 0>());

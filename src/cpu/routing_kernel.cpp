@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "cpu/float_env.h"
 #include "cpu/routing_sort.h"
+#include "cpu/stream_copy.h"
 #include "ops/moe_init_routing/quantize.h"
 
 namespace moe_routing::cpu {
@@ -42,9 +43,16 @@ void parallel_range(int64_t n, int num_threads, const Fn& fn) {
 /// destination lines that are overwritten whole, and no eviction of the source rows).
 constexpr int64_t kStreamOutputBytes = int64_t(8) << 20;
 
-/// memcpy whose destination bypasses the caches where it is 16-byte aligned. Callers issue
-/// stream_fence() before the data is published to another thread.
-inline void copy_row(char* dst, const char* src, size_t bytes, bool stream) {
+/// memcpy whose destination bypasses the caches where it is aligned (cpu/stream_copy.h). Callers
+/// issue stream_fence() before the data is published to another thread.
+inline void copy_row(char* dst, const char* src, size_t bytes, bool stream, bool avx2) {
+#if defined(MOE_ROUTING_HAVE_AVX2)
+  if (stream && avx2) {
+    stream_copy_avx2(dst, src, bytes);
+    return;
+  }
+#endif
+  (void)avx2;
 #if defined(__SSE2__)
   if (stream) {
     const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
@@ -214,7 +222,7 @@ void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_p
 /// (dropless: dest < rows_with_data; drop-pad: dest >= 0), with its scale and topk_weight. Each
 /// destination has exactly one pair, so tokens are split among threads freely.
 void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_with_data,
-                  int num_threads) {
+                  int num_threads, bool avx2) {
   const int64_t K = pr.top_k, H = pr.hidden;
   const size_t row_bytes = size_t(H) * dtype_size(pr.x_dtype);
   static const int64_t threshold = getenv("MR_NT") ? atoll(getenv("MR_NT")) : kStreamOutputBytes;
@@ -228,7 +236,7 @@ void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_wi
         if (d < 0 || d >= limit) continue;
         if (row_bytes > 0)
           copy_row(static_cast<char*>(pr.expanded_x) + size_t(d) * row_bytes, source, row_bytes,
-                   stream);
+                   stream, avx2);
         if (pr.expanded_scale != nullptr) pr.expanded_scale[d] = pr.scale[i];
         if (pr.expanded_topk_weight != nullptr) pr.expanded_topk_weight[d] = pr.topk_weight[p];
       }
@@ -351,7 +359,7 @@ uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
   return scratch_layout(problem, num_threads).bytes;
 }
 
-void moe_init_routing(const RoutingProblem& pr, int num_threads, void* workspace) {
+void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, void* workspace) {
   const ScratchLayout layout = scratch_layout(pr, num_threads);
   std::unique_ptr<OwnedScratch> owned;
   if (workspace == nullptr) {
@@ -471,7 +479,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, void* workspace
       });
       dest = inverse;
     }
-    scatter_rows(pr, dest, rows_with_data, num_threads);
+    scatter_rows(pr, dest, rows_with_data, num_threads, isa == CpuIsa::avx2);
     // Rows without a pair are zero: the tail of a dropless layout, empty drop-pad slots.
     if (pr.drop_pad) {
       const int64_t C = pr.expert_capacity;

@@ -17,7 +17,9 @@ namespace moe_routing::cpu {
 /// allocates it before the first output is written (std::bad_alloc leaves the outputs
 /// untouched); scratch up to a few MiB is kept per calling thread for the next call. With a
 /// workspace, the kernel allocates nothing.
-void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, void* workspace);
+/// `isa`: avx2 or baseline (resolved; avx2 only where the CPU has it) - the row copies' stores.
+void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, CpuIsa isa,
+                      void* workspace);
 
 /// The workspace size moe_init_routing needs for `problem` with `num_threads` threads: an upper
 /// bound from the sizes and attributes only (never the data), so it can be asked before the data

@@ -67,25 +67,39 @@ bool reset_peak_rss() {
   return ok;
 }
 
-/// Copy bandwidth (bytes read + bytes written per second) of `threads` threads each memcpy-ing
-/// its share of a 512 MiB buffer: the ceiling a data-movement kernel is measured against.
-double measure_copy_bandwidth(int threads, int runs) {
-  const size_t bytes = size_t(512) << 20;
-  std::vector<char> src(bytes, 1), dst(bytes, 2);
-  std::vector<double> times;
-  for (int r = 0; r < runs + 1; ++r) {
+/// This machine's copy bandwidth: `threads` threads each memcpy-ing its share of a 512 MiB buffer
+/// into another (bytes read + bytes written per second), the ceiling a data-movement kernel is
+/// measured against. The machines this runs on are often shared, and their bandwidth drifts by
+/// tens of percent over seconds, so the bench measures it next to every timed run instead of
+/// once per invocation.
+class CopyBandwidth {
+ public:
+  explicit CopyBandwidth(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 2) {
+    copy_seconds();  // faults the pages in
+  }
+  /// Seconds of one copy of the whole buffer.
+  double copy_seconds() {
     const auto start = Clock::now();
     std::vector<std::thread> pool;
-    for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] {
-        const size_t lo = bytes * t / threads, hi = bytes * (t + 1) / threads;
-        std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
-      });
+    for (int t = 1; t < threads_; ++t) pool.emplace_back([this, t] { copy_share(t); });
+    copy_share(0);
     for (auto& th : pool) th.join();
-    if (r > 0) times.push_back(seconds_since(start));  // the first run faults the pages in
+    return seconds_since(start);
   }
-  return 2.0 * double(bytes) / median(times);
-}
+  /// Bytes per second (read + written) from the median of some copy times.
+  static double bandwidth(const std::vector<double>& seconds) {
+    return 2.0 * double(kBytes) / median(seconds);
+  }
+
+ private:
+  static constexpr size_t kBytes = size_t(512) << 20;
+  void copy_share(int t) {
+    const size_t lo = kBytes * size_t(t) / size_t(threads_), hi = kBytes * size_t(t + 1) / size_t(threads_);
+    std::memcpy(dst_.data() + lo, src_.data() + lo, hi - lo);
+  }
+  int threads_;
+  std::vector<char> src_, dst_;
+};
 
 std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
   std::vector<uint8_t> data(size_t(count) * dtype_size(dtype));
@@ -100,7 +114,7 @@ std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
 struct Row {
   std::string op, scenario, shape;
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
-  double ms = 0, bytes = 0, gbps = 0, fraction = 0;
+  double ms = 0, bytes = 0, gbps = 0, copy_gbps = 0, fraction = 0;
   int64_t extra_memory = 0;
 };
 
@@ -113,8 +127,9 @@ class BenchCommand : public Command {
             "scenario: builds a seeded synthetic batch, warms up, then reports the median time of\n"
             "--runs runs, the bytes that must move (each input read once, each output written once;\n"
             "for the backward only the gradient rows that are summed), GB/s, that as a fraction of\n"
-            "this machine's copy bandwidth (memcpy with the same thread count, measured in the same\n"
-            "run), and the peak memory the call used beyond its inputs and outputs.\n\n"
+            "this machine's copy bandwidth (memcpy of 512 MiB with the same thread count, measured\n"
+            "right before each timed run: shared machines drift), and the peak memory the call used\n"
+            "beyond its inputs and outputs.\n\n"
             "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
             "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
             "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
@@ -156,9 +171,7 @@ class BenchCommand : public Command {
     config.backend = Backend::cpu;
     config.num_threads = threads;
 
-    std::fprintf(stderr, "[bench] measuring copy bandwidth (%d threads)...\n", threads);
-    const double copy = measure_copy_bandwidth(threads, 5);
-    std::fprintf(stderr, "[bench] copy bandwidth %.2f GB/s\n", copy / 1e9);
+    CopyBandwidth copy_meter(threads);
     const bool can_measure_memory = reset_peak_rss();
 
     std::vector<ShapePreset> shapes;
@@ -172,19 +185,24 @@ class BenchCommand : public Command {
     auto time_call = [&](Row row, const std::function<Status()>& call) -> Status {
       std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total, row.op.c_str(),
                    row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
+      // Each timed run is paired with a copy measured just before it (and an untimed call that
+      // warms the caches the copy evicted), so both see the same state of a shared machine.
+      std::vector<double> copy_times, times;
       MOE_ROUTING_RETURN_IF_ERROR(call());  // warm-up
       const int64_t before = current_rss_bytes();
       if (can_measure_memory) reset_peak_rss();
-      std::vector<double> times;
       for (int64_t r = 0; r < runs_; ++r) {
+        copy_times.push_back(copy_meter.copy_seconds());
+        MOE_ROUTING_RETURN_IF_ERROR(call());
         const auto start = Clock::now();
         MOE_ROUTING_RETURN_IF_ERROR(call());
         times.push_back(seconds_since(start));
       }
       row.extra_memory = can_measure_memory ? std::max<int64_t>(0, peak_rss_bytes() - before) : -1;
+      row.copy_gbps = CopyBandwidth::bandwidth(copy_times) / 1e9;
       row.ms = median(times) * 1e3;
       row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
-      row.fraction = row.gbps * 1e9 / copy;
+      row.fraction = row.gbps / row.copy_gbps;
       rows.push_back(row);
       return Status::ok();
     };
@@ -270,16 +288,16 @@ class BenchCommand : public Command {
 
     std::printf("moe-routing bench: %s, %d threads, CPU kernels (%s), median of %lld runs\n",
                 dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
-    std::printf("copy bandwidth (memcpy, read+write): %.2f GB/s\n", copy / 1e9);
-    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %10s %10s %8s %7s %9s\n", "op", "scenario", "shape", "N",
-                "H", "E", "K", "ms", "MB moved", "GB/s", "%copy", "extra MB");
+    std::printf("copy GB/s: memcpy of 512 MiB (read+write), paired with each timed run; %%copy = GB/s / copy GB/s\n");
+    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %10s %10s %8s %9s %7s %9s\n", "op", "scenario", "shape", "N",
+                "H", "E", "K", "ms", "MB moved", "GB/s", "copy GB/s", "%copy", "extra MB");
     for (const Row& r : rows) {
       char extra[32] = "n/a";
       if (r.extra_memory >= 0) std::snprintf(extra, sizeof extra, "%.2f", double(r.extra_memory) / 1e6);
-      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %10.3f %10.1f %8.2f %6.1f%% %9s\n", r.op.c_str(),
-                  r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens, (long long)r.hidden,
-                  (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, 100.0 * r.fraction,
-                  extra);
+      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %10.3f %10.1f %8.2f %9.2f %6.1f%% %9s\n",
+                  r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens, (long long)r.hidden,
+                  (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, r.copy_gbps,
+                  100.0 * r.fraction, extra);
     }
     if (!csv_.empty()) {
       std::ofstream out(csv_);
@@ -288,7 +306,7 @@ class BenchCommand : public Command {
       for (const Row& r : rows)
         out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden << ','
             << r.experts << ',' << r.top_k << ',' << dtype_name(dtype) << ',' << threads << ',' << r.ms << ','
-            << r.bytes << ',' << r.gbps << ',' << copy / 1e9 << ',' << r.fraction << ',' << r.extra_memory
+            << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ',' << r.fraction << ',' << r.extra_memory
             << '\n';
       if (!out) return report_error(runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
       std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());

@@ -160,7 +160,9 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
     if (config.backend == Backend::reference)
       reference::moe_init_routing(problem);
     else
-      cpu::moe_init_routing(problem, cpu_threads(problem, config.num_threads), config.workspace);
+      cpu::moe_init_routing(problem, cpu_threads(problem, config.num_threads),
+                            config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa,
+                            config.workspace);
   } catch (const std::bad_alloc&) {
     return runtime_error(op, "memory for the sort must be allocatable (about 12 bytes per pair), "
                          "got an allocation failure for ", problem.pairs(), " pairs");
