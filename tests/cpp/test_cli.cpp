@@ -1320,7 +1320,7 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   const CliResult r = run_cli(dir, {"bench", "--shape", "mixtral", "--tokens", "3,17", "--runs",
                                     "1", "--threads", "2", "--dtype", "fp16", "--csv", csv});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find("copy bandwidth"), std::string::npos);
+  EXPECT_NE(r.out.find("copy GB/s"), std::string::npos) << r.out;
   // 2 token counts x (3 backward + 2 forward scenarios), each a row naming its scenario.
   for (const char* scenario : {"dropless", "active", "drop_pad"})
     EXPECT_NE(r.out.find(scenario), std::string::npos) << r.out;
@@ -1330,6 +1330,16 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   while (std::getline(in, line)) ++lines;
   EXPECT_EQ(lines, 1 + 2 * 5);
   EXPECT_NE(r.err.find("[bench 10/10]"), std::string::npos) << r.err;
+  // Every row carries the copy bandwidth measured next to it (a positive number in the CSV).
+  std::ifstream again(csv);
+  std::getline(again, line);
+  EXPECT_NE(line.find("copy_gbps"), std::string::npos) << line;
+  while (std::getline(again, line)) {
+    std::stringstream fields(line);
+    std::string field;
+    for (int f = 0; f <= 12; ++f) std::getline(fields, field, ',');  // the 13th: copy_gbps
+    EXPECT_GT(std::stod(field), 0.0) << line;
+  }
 }
 
 TEST(CliBench, RejectsABadTokenList) {
