@@ -1,3 +1,9 @@
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/memory_hints.h"
 #include "moe_routing/tensor.h"
 
 #if defined(MOE_ROUTING_HAVE_AVX2)
@@ -47,4 +53,35 @@ CpuIsa best_cpu_isa() {
   return best;
 }
 
+namespace detail {
+namespace {
+
+int64_t default_streaming_store_threshold() {
+  constexpr int64_t kMinimum = int64_t(8) << 20, kUnknown = int64_t(32) << 20;
+  int64_t cache = 0;
+#if defined(_SC_LEVEL3_CACHE_SIZE)
+  cache = int64_t(sysconf(_SC_LEVEL3_CACHE_SIZE));
+#endif
+  if (cache <= 0) return kUnknown;
+  return cache < kMinimum ? kMinimum : cache;
+}
+
+std::atomic<int64_t>& threshold_override() {
+  static std::atomic<int64_t> value{0};
+  return value;
+}
+
+}  // namespace
+
+int64_t streaming_store_threshold() {
+  static const int64_t default_value = default_streaming_store_threshold();
+  const int64_t forced = threshold_override().load(std::memory_order_relaxed);
+  return forced > 0 ? forced : default_value;
+}
+
+void set_streaming_store_threshold_for_testing(int64_t bytes) {
+  threshold_override().store(bytes > 0 ? bytes : 0);
+}
+
+}  // namespace detail
 }  // namespace moe_routing

@@ -18,9 +18,6 @@ struct GradKernelArgs {
   bool stream_output;  // write grad_x with non-temporal stores (large outputs)
 };
 
-/// Outputs at least this large are written with non-temporal stores.
-constexpr int64_t kGradStreamOutputBytes = int64_t(8) << 20;
-
 /// Bins buffer of the L1 path: 16 KiB per thread.
 constexpr int64_t kGradBinFloats = 4096;
 /// Most addends the registers path takes per output row.

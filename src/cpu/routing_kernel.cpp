@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <cstdlib>
 #include <limits>
 #include <memory>
 
@@ -11,6 +10,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "cpu/float_env.h"
 #include "cpu/routing_sort.h"
@@ -39,9 +39,6 @@ void parallel_range(int64_t n, int num_threads, const Fn& fn) {
   detail::parallel_for(n, num_threads, [&](int64_t begin, int64_t end) { fn(begin, end); });
 }
 
-/// Outputs at least this large are written with non-temporal stores (no read-for-ownership of
-/// destination lines that are overwritten whole, and no eviction of the source rows).
-constexpr int64_t kStreamOutputBytes = int64_t(8) << 20;
 
 /// memcpy whose destination bypasses the caches where it is aligned (cpu/stream_copy.h). Callers
 /// issue stream_fence() before the data is published to another thread.
@@ -194,26 +191,28 @@ class RowWriter {
 /// source(d) gives the pair of destination row d (or -1); rows [0, rows) are written in parallel.
 template <DType kDtype, class Source>
 void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& static_params,
-                   int64_t rows, int num_threads, const Source& source) {
+                   int64_t first, int64_t rows, int num_threads, const Source& source) {
   const RowWriter<kDtype> writer(pr, static_params);
-  parallel_range(rows, num_threads, [&](int64_t begin, int64_t end) {
+  parallel_range(rows - first, num_threads, [&](int64_t begin, int64_t end) {
     DefaultFloatEnvironment float_environment;
-    for (int64_t d = begin; d < end; ++d) writer.write(d, source(d));
+    for (int64_t d = first + begin; d < first + end; ++d) writer.write(d, source(d));
   });
 }
 
+/// Writes rows [first, rows) (see RowWriter::write), in parallel.
 template <class Source>
-void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params, int64_t rows,
-                int num_threads, const Source& source) {
+void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params, int64_t first,
+                int64_t rows, int num_threads, const Source& source) {
+  if (first >= rows) return;
   switch (pr.x_dtype) {
     case DType::float16:
-      write_rows_as<DType::float16>(pr, static_params, rows, num_threads, source);
+      write_rows_as<DType::float16>(pr, static_params, first, rows, num_threads, source);
       break;
     case DType::bfloat16:
-      write_rows_as<DType::bfloat16>(pr, static_params, rows, num_threads, source);
+      write_rows_as<DType::bfloat16>(pr, static_params, first, rows, num_threads, source);
       break;
     default:  // float32, and int8 (quant_mode -1 only: a byte copy)
-      write_rows_as<DType::float32>(pr, static_params, rows, num_threads, source);
+      write_rows_as<DType::float32>(pr, static_params, first, rows, num_threads, source);
       break;
   }
 }
@@ -225,8 +224,7 @@ void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_wi
                   int num_threads, bool avx2) {
   const int64_t K = pr.top_k, H = pr.hidden;
   const size_t row_bytes = size_t(H) * dtype_size(pr.x_dtype);
-  static const int64_t threshold = getenv("MR_NT") ? atoll(getenv("MR_NT")) : kStreamOutputBytes;
-  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= threshold;
+  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= detail::streaming_store_threshold();
   const int64_t limit = pr.drop_pad ? pr.expanded_rows : rows_with_data;
   parallel_range(pr.num_rows, num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -463,9 +461,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
     });
   }
 
-  static const int64_t gather_x = getenv("MR_GX") ? atoll(getenv("MR_GX")) : 0;
-  const bool gather_rows = pr.num_rows * pr.hidden * int64_t(dtype_size(pr.x_dtype)) <= gather_x;
-  if (pr.quant_mode == -1 && !gather_rows) {
+  if (pr.quant_mode == -1) {
     // Plain routing copies each token's row to its (up to K) destinations: x is read once, in
     // order, and every destination row is written whole. dest[p] is pair p's row or -1.
     const int32_t* dest = row_idx;  // gather layout and drop-pad: expanded_row_idx itself
@@ -483,21 +479,21 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
     // Rows without a pair are zero: the tail of a dropless layout, empty drop-pad slots.
     if (pr.drop_pad) {
       const int64_t C = pr.expert_capacity;
-      write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
+      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
         return (slot % C) < totals[slot / C] ? -2 : -1;  // -2: written by the scatter
       });
-    } else {
-      write_rows(pr, static_params, pr.expanded_rows, num_threads,
-                 [&](int64_t d) -> int64_t { return d < rows_with_data ? -2 : -1; });
+    } else {  // only the tail past the routed rows (often empty: no second parallel pass)
+      write_rows(pr, static_params, rows_with_data, pr.expanded_rows, num_threads,
+                 [](int64_t) -> int64_t { return -1; });
     }
   } else if (pr.drop_pad) {
     const int64_t C = pr.expert_capacity;
-    write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
       const int64_t e = slot / C, c = slot % C;
       return c < totals[e] ? sorted[first[e] + c] : -1;
     });
   } else {
-    write_rows(pr, static_params, pr.expanded_rows, num_threads, [&](int64_t d) -> int64_t {
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, [&](int64_t d) -> int64_t {
       return d < rows_with_data ? sorted[d] : -1;
     });
   }

@@ -172,8 +172,9 @@ namespace moe_routing {
 namespace {
 
 TEST(GradRandom, LargeOutputsTakeTheStreamingStorePathBitExactly) {
-  // grad_x of >= 8 MiB is written with non-temporal stores on the AVX2 path; an odd H also makes
-  // every other row unaligned, so both store paths run in one call.
+  // grad_x of >= the threshold (forced to 8 MiB here) is written with non-temporal stores; an odd
+  // H also makes every other row unaligned, so both store paths run in one call.
+  const testing::StreamingThresholdOverride threshold(int64_t(8) << 20);
   testing::Random rng(41);
   for (DType dtype : {DType::bfloat16, DType::float32}) {
     const int64_t h = dtype == DType::float32 ? 1029 : 2053;

@@ -184,6 +184,15 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
 
 // ExecConfig::workspace: the size depends on the plan and thread count only; a smaller one is
 // refused before anything is written; the reference backend ignores it.
+TEST(RoutingRandom, StreamingThresholdIsAtLeast8MiB) {
+  EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
+  {
+    const testing::StreamingThresholdOverride forced(12345);
+    EXPECT_EQ(detail::streaming_store_threshold(), 12345);
+  }
+  EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
+}
+
 TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
   ForwardCase c;
   const int64_t N = 3000, K = 4, H = 16;
@@ -214,8 +223,8 @@ TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
                                           counts.view(), TensorView(), TensorView(), config);
   EXPECT_EQ(refused.code(), StatusCode::invalid_argument);
   EXPECT_EQ(refused.message(), "moe_init_routing: workspace_bytes must be at least " + std::to_string(size) +
-                                   " for this call with 2 threads (ask the *_workspace_size function with "
-                                   "the same num_threads), got " + std::to_string(size - 1));
+                                   " for this call with num_threads 2 (moe_init_routing_workspace_size "
+                                   "with the same num_threads gives it), got " + std::to_string(size - 1));
   for (const Tensor* t : {&out, &row_idx, &counts})
     for (uint8_t b : t->bytes) ASSERT_EQ(b, 0x5A) << "an output was written";
   config.backend = Backend::reference;  // ignores the workspace
@@ -225,8 +234,10 @@ TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
 }
 
 TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
-  // expanded_x of >= 8 MiB is written with non-temporal stores; H = 1031 bf16 makes rows start at
-  // every 16-byte alignment, so the aligned, unaligned-head and tail paths all run.
+  // expanded_x of >= the threshold (forced to 8 MiB here) is written with non-temporal stores;
+  // H = 1031 bf16 makes rows start at every 16-byte alignment, so the aligned, unaligned-head and
+  // tail paths all run, for both ISAs.
+  const testing::StreamingThresholdOverride threshold(int64_t(8) << 20);
   Random rng(12);
   const int64_t N = 512, K = 8, H = 1031, E = 16;
   std::vector<int32_t> ids(size_t(N * K));
@@ -251,9 +262,13 @@ TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
     c.attrs.active_num = v.active_num;
     ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
     ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
-    for (int threads : {1, 2, 5})
-      EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads})))
-          << threads << " threads, row_idx_type " << v.row_idx_type << " drop_pad " << v.drop_pad;
+    for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+      if (!cpu_isa_available(isa)) continue;
+      for (int threads : {1, 2, 5})
+        EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, {Backend::cpu, isa, threads})))
+            << cpu_isa_name(isa) << ", " << threads << " threads, row_idx_type " << v.row_idx_type
+            << " drop_pad " << v.drop_pad;
+    }
   }
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/memory_hints.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace moe_routing::testing {
@@ -63,6 +64,18 @@ inline ::testing::AssertionResult bitwise_equal(const FloatBuffer& expected, con
       << std::dec << got.at(first) << " (0x" << std::hex << got.bits(first) << ")";
   return ::testing::AssertionFailure() << out.str();
 }
+
+/// Forces the non-temporal store threshold (core/memory_hints.h) for a scope, so that tests reach
+/// the streaming paths with outputs of a few MiB whatever this machine's cache size is.
+class StreamingThresholdOverride {
+ public:
+  explicit StreamingThresholdOverride(int64_t bytes) {
+    detail::set_streaming_store_threshold_for_testing(bytes);
+  }
+  ~StreamingThresholdOverride() { detail::set_streaming_store_threshold_for_testing(0); }
+  StreamingThresholdOverride(const StreamingThresholdOverride&) = delete;
+  StreamingThresholdOverride& operator=(const StreamingThresholdOverride&) = delete;
+};
 
 /// One way of running an operator: a backend, an ISA and a thread count; for the forward
 /// operators on the CPU backend, with a caller workspace (ExecConfig::workspace, exactly the

@@ -72,6 +72,9 @@ bool reset_peak_rss() {
 /// measured against. The machines this runs on are often shared, and their bandwidth drifts by
 /// tens of percent over seconds, so the bench measures it next to every timed run instead of
 /// once per invocation.
+/// Rows moving at least this many bytes pair every timed run with a copy (see time_call).
+constexpr double kPairEachRunBytes = 64.0 * (1 << 20);
+
 class CopyBandwidth {
  public:
   explicit CopyBandwidth(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 2) {
@@ -128,8 +131,9 @@ class BenchCommand : public Command {
             "--runs runs, the bytes that must move (each input read once, each output written once;\n"
             "for the backward only the gradient rows that are summed), GB/s, that as a fraction of\n"
             "this machine's copy bandwidth (memcpy of 512 MiB with the same thread count, measured\n"
-            "right before each timed run: shared machines drift), and the peak memory the call used\n"
-            "beyond its inputs and outputs.\n\n"
+            "right before each timed run of a row moving >= 64 MiB, around the runs of a smaller\n"
+            "one: shared machines drift), and the peak memory the call used beyond its inputs and\n"
+            "outputs.\n\n"
             "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
             "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
             "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
@@ -185,19 +189,28 @@ class BenchCommand : public Command {
     auto time_call = [&](Row row, const std::function<Status()>& call) -> Status {
       std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total, row.op.c_str(),
                    row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
-      // Each timed run is paired with a copy measured just before it (and an untimed call that
-      // warms the caches the copy evicted), so both see the same state of a shared machine.
+      // Large rows: each timed run is paired with a copy measured just before it (and an untimed
+      // call), so both see the same state of a shared machine. Rows that fit the caches run
+      // back to back (a 512 MiB copy between them would evict their data and measure the
+      // refill instead): the copies come right before and right after them.
+      const bool per_run = row.bytes >= kPairEachRunBytes;
       std::vector<double> copy_times, times;
+      if (!per_run)
+        for (int c = 0; c < 3; ++c) copy_times.push_back(copy_meter.copy_seconds());
       MOE_ROUTING_RETURN_IF_ERROR(call());  // warm-up
       const int64_t before = current_rss_bytes();
       if (can_measure_memory) reset_peak_rss();
       for (int64_t r = 0; r < runs_; ++r) {
-        copy_times.push_back(copy_meter.copy_seconds());
-        MOE_ROUTING_RETURN_IF_ERROR(call());
+        if (per_run) {
+          copy_times.push_back(copy_meter.copy_seconds());
+          MOE_ROUTING_RETURN_IF_ERROR(call());
+        }
         const auto start = Clock::now();
         MOE_ROUTING_RETURN_IF_ERROR(call());
         times.push_back(seconds_since(start));
       }
+      if (!per_run)
+        for (int c = 0; c < 3; ++c) copy_times.push_back(copy_meter.copy_seconds());
       row.extra_memory = can_measure_memory ? std::max<int64_t>(0, peak_rss_bytes() - before) : -1;
       row.copy_gbps = CopyBandwidth::bandwidth(copy_times) / 1e9;
       row.ms = median(times) * 1e3;
@@ -288,7 +301,7 @@ class BenchCommand : public Command {
 
     std::printf("moe-routing bench: %s, %d threads, CPU kernels (%s), median of %lld runs\n",
                 dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
-    std::printf("copy GB/s: memcpy of 512 MiB (read+write), paired with each timed run; %%copy = GB/s / copy GB/s\n");
+    std::printf("copy GB/s: memcpy of 512 MiB (read+write), measured next to each row's runs; %%copy = GB/s / copy GB/s\n");
     std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %10s %10s %8s %9s %7s %9s\n", "op", "scenario", "shape", "N",
                 "H", "E", "K", "ms", "MB moved", "GB/s", "copy GB/s", "%copy", "extra MB");
     for (const Row& r : rows) {

@@ -132,18 +132,19 @@ RoutingProblem problem_from_plan(const MoeInitRoutingPlan& plan) {
   return problem;
 }
 
-/// A caller's workspace (config.workspace) must hold what the CPU kernels need.
-Status check_workspace(const char* op, const RoutingProblem& problem, const ExecConfig& config,
-                       Device device) {
+/// A caller's workspace (config.workspace) must hold what the CPU kernels need. `size_function`
+/// names the function that reports the size.
+Status check_workspace(const char* op, const char* size_function, const RoutingProblem& problem,
+                       const ExecConfig& config, Device device) {
   if (config.workspace == nullptr || device != Device::cpu ||
       config.backend == Backend::reference)
     return Status::ok();
-  const int threads = cpu_threads(problem, config.num_threads);
-  const uint64_t needed = cpu::workspace_bytes(problem, threads);
+  const uint64_t needed = cpu::workspace_bytes(problem, cpu_threads(problem, config.num_threads));
   if (config.workspace_bytes < needed)
-    return invalid_argument(op, "workspace_bytes must be at least ", needed, " for this call with ",
-                            threads, " threads (ask the *_workspace_size function with the same "
-                            "num_threads), got ", config.workspace_bytes);
+    return invalid_argument(op, "workspace_bytes must be at least ", needed,
+                            " for this call with num_threads ", config.num_threads, " (",
+                            size_function, " with the same num_threads gives it), got ",
+                            config.workspace_bytes);
   return Status::ok();
 }
 
@@ -229,7 +230,8 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
     problem.counts = expert_tokens_count_or_cumsum.data;
   else if (plan.expert_tokens_before_capacity.produced)
     problem.counts = expert_tokens_before_capacity.data;
-  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, problem, config, x.device));
+  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, "moe_init_routing_v2_workspace_size", problem,
+                                              config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, true));
   MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
       op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
@@ -279,7 +281,8 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
   if (plan.expanded_topk_weight.produced)
     problem.expanded_topk_weight = expanded_topk_weight.data_as<float>();
   if (plan.expert_tokens_num_flag) problem.counts = expert_tokens_count_or_cumsum.data;
-  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, problem, config, x.device));
+  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, "moe_init_routing_workspace_size", problem,
+                                              config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, false));
   MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
       op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));

@@ -1,4 +1,5 @@
 // moe_init_routing_grad entry point: infer and check, then hand the plan to a backend.
+#include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "cpu/grad_kernel.h"
 #include "moe_routing/moe_init_routing_grad.h"
@@ -80,7 +81,7 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
     return Status::ok();
   }
   cpu::GradKernelArgs args{grad_expanded_x.data, indices, grad_x.data, plan, 0, 0, false};
-  args.stream_output = int64_t(grad_x.nbytes()) >= cpu::kGradStreamOutputBytes;
+  args.stream_output = int64_t(grad_x.nbytes()) >= detail::streaming_store_threshold();
   const int64_t bytes = plan.num_rows * plan.top_k * (plan.hidden * int64_t(dtype_size(plan.dtype)) + 4);
   const int threads = detail::threads_for_bytes(detail::resolve_num_threads(config.num_threads), bytes);
   args.tile_width = cpu::grad_unit_width(plan, threads);
