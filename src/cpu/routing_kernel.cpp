@@ -40,17 +40,22 @@ void parallel_range(int64_t n, int num_threads, const Fn& fn) {
 }
 
 
-/// memcpy whose destination bypasses the caches where it is aligned (cpu/stream_copy.h). Callers
-/// issue stream_fence() before the data is published to another thread.
+/// Copies a row; `stream`: with non-temporal stores where the destination is aligned
+/// (cpu/stream_copy.h). Vector loops rather than memcpy (see copy_avx2). Callers issue
+/// stream_fence() before the data is published to another thread.
 inline void copy_row(char* dst, const char* src, size_t bytes, bool stream, bool avx2) {
 #if defined(MOE_ROUTING_HAVE_AVX2)
-  if (stream && avx2) {
-    stream_copy_avx2(dst, src, bytes);
+  if (avx2) {
+    if (stream)
+      stream_copy_avx2(dst, src, bytes);
+    else
+      copy_avx2(dst, src, bytes);
     return;
   }
 #endif
   (void)avx2;
 #if defined(__SSE2__)
+  size_t i = 0;
   if (stream) {
     const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
     if (head >= bytes) {
@@ -58,26 +63,30 @@ inline void copy_row(char* dst, const char* src, size_t bytes, bool stream, bool
       return;
     }
     std::memcpy(dst, src, head);
-    size_t i = head;
-    for (; i + 64 <= bytes; i += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    i = head;
+  }
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    if (stream) {
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
     }
-    for (; i + 16 <= bytes; i += 16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    std::memcpy(dst + i, src + i, bytes - i);
-    return;
   }
-#endif
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
   (void)stream;
   std::memcpy(dst, src, bytes);
+#endif
 }
 
 inline void stream_fence() {

@@ -1,7 +1,7 @@
-// Row copies whose destination bypasses the caches (non-temporal stores), for outputs far larger
-// than the caches: no read-for-ownership of destination lines that are overwritten whole, and no
-// eviction of the data still to be read. Callers issue a store fence (_mm_sfence) before the
-// data is published to another thread.
+// Row copies of the forward routing. The streaming ones bypass the caches (non-temporal stores),
+// for outputs far larger than the caches: no read-for-ownership of destination lines that are
+// overwritten whole, and no eviction of the data still to be read; callers issue a store fence
+// (_mm_sfence) before the data is published to another thread.
 #pragma once
 
 #include <cstddef>
@@ -11,5 +11,10 @@ namespace moe_routing::cpu {
 /// AVX2: 32-byte streaming stores where dst is 32-byte aligned (plain copies for the ragged
 /// head and tail). Only call where the CPU has AVX2.
 void stream_copy_avx2(char* dst, const char* src, size_t bytes);
+
+/// AVX2: a plain vector copy (cached stores). Used for rows instead of memcpy, whose REP MOVSB
+/// path runs up to 8x slower on some AMD CPUs when dst - src is not a multiple of 64 bytes
+/// (measured: 14 KB rows, distance 16 mod 4096: 333 us vs 46 us for 128 rows).
+void copy_avx2(char* dst, const char* src, size_t bytes);
 
 }  // namespace moe_routing::cpu
