@@ -11,6 +11,7 @@ Forward (moe_init_routing, dropless, per-expert counts): stable argsort + index_
 preallocated too (out=); "ours alloc" times our operators allocating their outputs, which on the
 CPU pays the page faults of fresh memory on every call.
 Bytes are counted as in `moe-routing bench`: each input read once, each output written once.
+Every run calls each contender once, interleaved, so the ratios are paired measurements.
 """
 from __future__ import annotations
 
@@ -32,14 +33,20 @@ SHAPES = {  # hidden, experts, top_k
 }
 
 
-def median_seconds(fn, runs):
-    fn()  # warm-up (also faults in any output pages)
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def median_seconds(fns, runs):
+    """Median time of each function, measured interleaved: every run calls each function once
+    (rotating which goes first), so a shared machine drifting between phases - its bandwidth
+    changes by tens of percent over seconds - slows all of them alike and the ratios hold."""
+    for fn in fns:
+        fn()  # warm-up (also faults in any output pages)
+    times = [[] for _ in fns]
+    for r in range(runs):
+        for k in range(len(fns)):
+            i = (r + k) % len(fns)
+            start = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def routing(n, k, e, gen):
@@ -84,9 +91,7 @@ def measure(shape, n, dtype, runs, gen):
     # the torch expression computes the same thing: check once
     torch_forward()
     assert torch.equal(out_x, expanded_x) and torch.equal(out_eri, eri), "forward outputs differ"
-    t_ours = median_seconds(ours_forward, runs)
-    t_alloc = median_seconds(ours_forward_alloc, runs)
-    t_torch = median_seconds(torch_forward, runs)
+    t_ours, t_alloc, t_torch = median_seconds([ours_forward, ours_forward_alloc, torch_forward], runs)
     results.append(dict(op="forward", shape=shape, tokens=n, ours_s=t_ours, ours_alloc_s=t_alloc, torch_s=t_torch,
                         torch_expr="argsort+index_select+bincount", bytes=fwd_bytes))
 
@@ -116,10 +121,8 @@ def measure(shape, n, dtype, runs, gen):
         out_add.zero_()
         out_add.index_add_(0, token_of_row, g)
 
-    t_ours = median_seconds(ours_backward, runs)
-    t_alloc = median_seconds(ours_backward_alloc, runs)
-    t_sel = median_seconds(torch_select_sum, runs)
-    t_add = median_seconds(torch_index_add, runs)
+    t_ours, t_alloc, t_sel, t_add = median_seconds(
+        [ours_backward, ours_backward_alloc, torch_select_sum, torch_index_add], runs)
     best, expr = (t_sel, "index_select+view+sum") if t_sel <= t_add else (t_add, "index_add_")
     results.append(dict(op="backward", shape=shape, tokens=n, ours_s=t_ours, ours_alloc_s=t_alloc, torch_s=best,
                         torch_expr=expr,

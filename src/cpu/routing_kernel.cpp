@@ -143,8 +143,8 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Quan
 template <DType kDtype>
 class RowWriter {
  public:
-  RowWriter(const RoutingProblem& pr, const quantize::StaticParams& static_params)
-      : pr_(pr), static_params_(static_params) {}
+  RowWriter(const RoutingProblem& pr, const quantize::StaticParams& static_params, bool avx2)
+      : pr_(pr), static_params_(static_params), avx2_(avx2) {}
 
   /// Row `dest` from pair p, zeros when p == -1, untouched when p == -2 (written elsewhere).
   void write(int64_t dest, int64_t p) const {
@@ -163,8 +163,9 @@ class RowWriter {
     if (pr_.quant_mode == -1) {
       const size_t size = dtype_size(pr_.x_dtype);
       if (H > 0)
-        std::memcpy(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * size,
-                    static_cast<const char*>(pr_.x) + size_t(token * H) * size, size_t(H) * size);
+        copy_row(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * size,
+                 static_cast<const char*>(pr_.x) + size_t(token * H) * size, size_t(H) * size,
+                 false, avx2_);
       if (pr_.expanded_scale != nullptr) pr_.expanded_scale[dest] = pr_.scale[token];
     } else if (pr_.quant_mode == 0) {
       int8_t* out = static_cast<int8_t*>(pr_.expanded_x) + dest * H;
@@ -195,13 +196,14 @@ class RowWriter {
 
   const RoutingProblem& pr_;
   quantize::StaticParams static_params_;
+  bool avx2_;
 };
 
 /// source(d) gives the pair of destination row d (or -1); rows [0, rows) are written in parallel.
 template <DType kDtype, class Source>
 void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& static_params,
-                   int64_t first, int64_t rows, int num_threads, const Source& source) {
-  const RowWriter<kDtype> writer(pr, static_params);
+                   int64_t first, int64_t rows, int num_threads, bool avx2, const Source& source) {
+  const RowWriter<kDtype> writer(pr, static_params, avx2);
   parallel_range(rows - first, num_threads, [&](int64_t begin, int64_t end) {
     DefaultFloatEnvironment float_environment;
     for (int64_t d = first + begin; d < first + end; ++d) writer.write(d, source(d));
@@ -211,17 +213,17 @@ void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& stati
 /// Writes rows [first, rows) (see RowWriter::write), in parallel.
 template <class Source>
 void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params, int64_t first,
-                int64_t rows, int num_threads, const Source& source) {
+                int64_t rows, int num_threads, bool avx2, const Source& source) {
   if (first >= rows) return;
   switch (pr.x_dtype) {
     case DType::float16:
-      write_rows_as<DType::float16>(pr, static_params, first, rows, num_threads, source);
+      write_rows_as<DType::float16>(pr, static_params, first, rows, num_threads, avx2, source);
       break;
     case DType::bfloat16:
-      write_rows_as<DType::bfloat16>(pr, static_params, first, rows, num_threads, source);
+      write_rows_as<DType::bfloat16>(pr, static_params, first, rows, num_threads, avx2, source);
       break;
     default:  // float32, and int8 (quant_mode -1 only: a byte copy)
-      write_rows_as<DType::float32>(pr, static_params, first, rows, num_threads, source);
+      write_rows_as<DType::float32>(pr, static_params, first, rows, num_threads, avx2, source);
       break;
   }
 }
@@ -470,6 +472,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
     });
   }
 
+  const bool avx2 = isa == CpuIsa::avx2;
   if (pr.quant_mode == -1) {
     // Plain routing copies each token's row to its (up to K) destinations: x is read once, in
     // order, and every destination row is written whole. dest[p] is pair p's row or -1.
@@ -484,25 +487,25 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
       });
       dest = inverse;
     }
-    scatter_rows(pr, dest, rows_with_data, num_threads, isa == CpuIsa::avx2);
+    scatter_rows(pr, dest, rows_with_data, num_threads, avx2);
     // Rows without a pair are zero: the tail of a dropless layout, empty drop-pad slots.
     if (pr.drop_pad) {
       const int64_t C = pr.expert_capacity;
-      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
+      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t slot) -> int64_t {
         return (slot % C) < totals[slot / C] ? -2 : -1;  // -2: written by the scatter
       });
     } else {  // only the tail past the routed rows (often empty: no second parallel pass)
-      write_rows(pr, static_params, rows_with_data, pr.expanded_rows, num_threads,
+      write_rows(pr, static_params, rows_with_data, pr.expanded_rows, num_threads, avx2,
                  [](int64_t) -> int64_t { return -1; });
     }
   } else if (pr.drop_pad) {
     const int64_t C = pr.expert_capacity;
-    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, [&](int64_t slot) -> int64_t {
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t slot) -> int64_t {
       const int64_t e = slot / C, c = slot % C;
       return c < totals[e] ? sorted[first[e] + c] : -1;
     });
   } else {
-    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, [&](int64_t d) -> int64_t {
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t d) -> int64_t {
       return d < rows_with_data ? sorted[d] : -1;
     });
   }
