@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -67,41 +68,80 @@ bool reset_peak_rss() {
   return ok;
 }
 
-/// This machine's copy bandwidth: `threads` threads each memcpy-ing its share of a 512 MiB buffer
-/// into another (bytes read + bytes written per second), the ceiling a data-movement kernel is
-/// measured against. The machines this runs on are often shared, and their bandwidth drifts by
-/// tens of percent over seconds, so the bench measures it next to every timed run instead of
-/// once per invocation.
-/// Rows moving at least this many bytes pair every timed run with a copy (see time_call).
+/// Rows moving at least this many bytes pair every timed run with a bandwidth measurement (see
+/// time_call).
 constexpr double kPairEachRunBytes = 64.0 * (1 << 20);
 
-class CopyBandwidth {
+/// This machine's memory bandwidth with `threads` threads over 512 MiB buffers, three ways: a
+/// copy (memcpy: bytes read + bytes written per second) - the ceiling the "% of copy"
+/// is measured against - and, for the per-row limit, reading alone (a sum) and writing alone
+/// (memset). The machines this runs on are often shared, and their bandwidth drifts by tens of
+/// percent over seconds, so the bench measures it next to every row instead of once.
+class BandwidthMeter {
  public:
-  explicit CopyBandwidth(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 2) {
-    copy_seconds();  // faults the pages in
+  struct Sample {
+    double copy_s, read_s, write_s;
+  };
+  explicit BandwidthMeter(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 2) {
+    measure();  // faults the pages in
   }
-  /// Seconds of one copy of the whole buffer.
-  double copy_seconds() {
-    const auto start = Clock::now();
-    std::vector<std::thread> pool;
-    for (int t = 1; t < threads_; ++t) pool.emplace_back([this, t] { copy_share(t); });
-    copy_share(0);
-    for (auto& th : pool) th.join();
-    return seconds_since(start);
+  /// Seconds of one copy, one read and one write of the whole buffer.
+  Sample measure() {
+    Sample sample;
+    sample.copy_s = run([this](size_t lo, size_t hi) { std::memcpy(dst_.data() + lo, src_.data() + lo, hi - lo); });
+    // Eight interleaved streams per thread: on the machines measured, several concurrent
+    // streams read faster than one (the backward reads its K rows this way).
+    sample.read_s = run([this](size_t lo, size_t hi) {
+      constexpr int kStreams = 8;
+      const uint64_t* words = reinterpret_cast<const uint64_t*>(src_.data());
+      const size_t per_stream = (hi - lo) / 8 / kStreams;
+      uint64_t sums[kStreams] = {};
+      for (size_t w = 0; w + 2 <= per_stream; w += 2)
+        for (int k = 0; k < kStreams; ++k) {
+          const uint64_t* stream = words + lo / 8 + size_t(k) * per_stream;
+          sums[k] += stream[w] + stream[w + 1];
+        }
+      uint64_t total = 0;
+      for (uint64_t v : sums) total += v;
+      sink_.fetch_add(total, std::memory_order_relaxed);
+    });
+    sample.write_s = run([this](size_t lo, size_t hi) { std::memset(dst_.data() + lo, 3, hi - lo); });
+    return sample;
   }
-  /// Bytes per second (read + written) from the median of some copy times.
-  static double bandwidth(const std::vector<double>& seconds) {
-    return 2.0 * double(kBytes) / median(seconds);
+  /// Bytes per second from the median of some sample times (a copy counts read + written).
+  static double copy_bandwidth(const std::vector<Sample>& samples) {
+    return 2.0 * double(kBytes) / median_of(samples, &Sample::copy_s);
+  }
+  static double read_bandwidth(const std::vector<Sample>& samples) {
+    return double(kBytes) / median_of(samples, &Sample::read_s);
+  }
+  static double write_bandwidth(const std::vector<Sample>& samples) {
+    return double(kBytes) / median_of(samples, &Sample::write_s);
   }
 
  private:
   static constexpr size_t kBytes = size_t(512) << 20;
-  void copy_share(int t) {
-    const size_t lo = kBytes * size_t(t) / size_t(threads_), hi = kBytes * size_t(t + 1) / size_t(threads_);
-    std::memcpy(dst_.data() + lo, src_.data() + lo, hi - lo);
+  static double median_of(const std::vector<Sample>& samples, double Sample::*field) {
+    std::vector<double> values;
+    for (const Sample& s : samples) values.push_back(s.*field);
+    return median(values);
+  }
+  /// Runs fn(lo, hi) over each thread's share of the buffer; returns the seconds taken.
+  template <class Fn>
+  double run(const Fn& fn) {
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    auto share = [this, &fn](int t) {
+      fn(kBytes * size_t(t) / size_t(threads_), kBytes * size_t(t + 1) / size_t(threads_));
+    };
+    for (int t = 1; t < threads_; ++t) pool.emplace_back(share, t);
+    share(0);
+    for (auto& th : pool) th.join();
+    return seconds_since(start);
   }
   int threads_;
   std::vector<char> src_, dst_;
+  std::atomic<uint64_t> sink_{0};
 };
 
 std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
@@ -117,7 +157,12 @@ std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
 struct Row {
   std::string op, scenario, shape;
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
-  double ms = 0, bytes = 0, gbps = 0, copy_gbps = 0, fraction = 0;
+  double ms = 0, read_bytes = 0, write_bytes = 0, bytes = 0, gbps = 0;
+  double copy_gbps = 0, read_gbps = 0, write_gbps = 0;
+  double fraction = 0;  // of the copy bandwidth
+  /// Shortest possible time: the bytes at the copy bandwidth, the reads at the read bandwidth,
+  /// the writes at the write bandwidth, whichever is longest.
+  double limit_ms = 0;
   int64_t extra_memory = 0;
 };
 
@@ -132,8 +177,10 @@ class BenchCommand : public Command {
             "for the backward only the gradient rows that are summed), GB/s, that as a fraction of\n"
             "this machine's copy bandwidth (memcpy of 512 MiB with the same thread count, measured\n"
             "right before each timed run of a row moving >= 64 MiB, around the runs of a smaller\n"
-            "one: shared machines drift), and the peak memory the call used beyond its inputs and\n"
-            "outputs.\n\n"
+            "one: shared machines drift), the shortest time the bytes allow (the copy, read-only\n"
+            "and write-only bandwidths, measured the same way, applied to all bytes, the reads and\n"
+            "the writes: the longest of the three) and the fraction of it reached, and the peak\n"
+            "memory the call used beyond its inputs and outputs.\n\n"
             "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
             "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
             "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
@@ -175,7 +222,7 @@ class BenchCommand : public Command {
     config.backend = Backend::cpu;
     config.num_threads = threads;
 
-    CopyBandwidth copy_meter(threads);
+    BandwidthMeter meter(threads);
     const bool can_measure_memory = reset_peak_rss();
 
     std::vector<ShapePreset> shapes;
@@ -193,16 +240,18 @@ class BenchCommand : public Command {
       // call), so both see the same state of a shared machine. Rows that fit the caches run
       // back to back (a 512 MiB copy between them would evict their data and measure the
       // refill instead): the copies come right before and right after them.
+      row.bytes = row.read_bytes + row.write_bytes;
       const bool per_run = row.bytes >= kPairEachRunBytes;
-      std::vector<double> copy_times, times;
+      std::vector<BandwidthMeter::Sample> samples;
+      std::vector<double> times;
       if (!per_run)
-        for (int c = 0; c < 3; ++c) copy_times.push_back(copy_meter.copy_seconds());
+        for (int c = 0; c < 3; ++c) samples.push_back(meter.measure());
       MOE_ROUTING_RETURN_IF_ERROR(call());  // warm-up
       const int64_t before = current_rss_bytes();
       if (can_measure_memory) reset_peak_rss();
       for (int64_t r = 0; r < runs_; ++r) {
         if (per_run) {
-          copy_times.push_back(copy_meter.copy_seconds());
+          samples.push_back(meter.measure());
           MOE_ROUTING_RETURN_IF_ERROR(call());
         }
         const auto start = Clock::now();
@@ -210,12 +259,18 @@ class BenchCommand : public Command {
         times.push_back(seconds_since(start));
       }
       if (!per_run)
-        for (int c = 0; c < 3; ++c) copy_times.push_back(copy_meter.copy_seconds());
+        for (int c = 0; c < 3; ++c) samples.push_back(meter.measure());
       row.extra_memory = can_measure_memory ? std::max<int64_t>(0, peak_rss_bytes() - before) : -1;
-      row.copy_gbps = CopyBandwidth::bandwidth(copy_times) / 1e9;
+      const double copy_bw = BandwidthMeter::copy_bandwidth(samples);
+      const double read_bw = BandwidthMeter::read_bandwidth(samples);
+      const double write_bw = BandwidthMeter::write_bandwidth(samples);
+      row.copy_gbps = copy_bw / 1e9;
+      row.read_gbps = read_bw / 1e9;
+      row.write_gbps = write_bw / 1e9;
       row.ms = median(times) * 1e3;
       row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
       row.fraction = row.gbps / row.copy_gbps;
+      row.limit_ms = 1e3 * std::max({row.bytes / copy_bw, row.read_bytes / read_bw, row.write_bytes / write_bw});
       rows.push_back(row);
       return Status::ok();
     };
@@ -246,7 +301,8 @@ class BenchCommand : public Command {
             Row row = base;
             row.op = "grad";
             row.scenario = grad_scenario_name(problem.scenario);
-            row.bytes = double(present) * double(H) * esize + double(n * K) * 4.0 + double(n * H) * esize;
+            row.read_bytes = double(present) * double(H) * esize + double(n * K) * 4.0;
+            row.write_bytes = double(n * H) * esize;
             const TensorView g(grad.data(), dtype, int(problem.grad_shape.size()), problem.grad_shape.data());
             const TensorView idx(problem.expanded_row_idx.data(), DType::int32, {n * K});
             const TensorView o(out.data(), dtype, {n, H});
@@ -283,9 +339,9 @@ class BenchCommand : public Command {
             Row row = base;
             row.op = "init-routing";
             row.scenario = drop_pad ? "drop_pad" : "dropless";
-            row.bytes = double(n * H) * esize + double(n * K) * 4.0 +
-                        double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
-                        double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
+            row.read_bytes = double(n * H) * esize + double(n * K) * 4.0;
+            row.write_bytes = double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
+                              double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
             s = time_call(row, [&] {
               return moe_init_routing(xv, iv, {}, {}, {}, attrs, view(ex, plan.expanded_x),
                                       view(eri, plan.expanded_row_idx),
@@ -301,26 +357,32 @@ class BenchCommand : public Command {
 
     std::printf("moe-routing bench: %s, %d threads, CPU kernels (%s), median of %lld runs\n",
                 dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
-    std::printf("copy GB/s: memcpy of 512 MiB (read+write), measured next to each row's runs; %%copy = GB/s / copy GB/s\n");
-    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %10s %10s %8s %9s %7s %9s\n", "op", "scenario", "shape", "N",
-                "H", "E", "K", "ms", "MB moved", "GB/s", "copy GB/s", "%copy", "extra MB");
+    std::printf("copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each row;\n"
+                "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
+                "%%limit = limit ms / ms\n");
+    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %7s %16s %7s %9s %7s %8s\n", "op", "scenario", "shape",
+                "N", "H", "E", "K", "ms", "MB moved", "GB/s", "copy/read/write", "%copy", "limit ms", "%limit",
+                "extra MB");
     for (const Row& r : rows) {
       char extra[32] = "n/a";
       if (r.extra_memory >= 0) std::snprintf(extra, sizeof extra, "%.2f", double(r.extra_memory) / 1e6);
-      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %10.3f %10.1f %8.2f %9.2f %6.1f%% %9s\n",
+      char bandwidths[48];
+      std::snprintf(bandwidths, sizeof bandwidths, "%.0f/%.0f/%.0f", r.copy_gbps, r.read_gbps, r.write_gbps);
+      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.1f %7.2f %16s %6.1f%% %9.3f %6.1f%% %8s\n",
                   r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens, (long long)r.hidden,
-                  (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, r.copy_gbps,
-                  100.0 * r.fraction, extra);
+                  (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, bandwidths,
+                  100.0 * r.fraction, r.limit_ms, 100.0 * r.limit_ms / r.ms, extra);
     }
     if (!csv_.empty()) {
       std::ofstream out(csv_);
       out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,fraction_of_copy,"
-             "extra_memory_bytes\n";
+             "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_bytes\n";
       for (const Row& r : rows)
         out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden << ','
             << r.experts << ',' << r.top_k << ',' << dtype_name(dtype) << ',' << threads << ',' << r.ms << ','
-            << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ',' << r.fraction << ',' << r.extra_memory
-            << '\n';
+            << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ',' << r.fraction << ',' << r.read_bytes << ','
+            << r.write_bytes << ',' << r.read_gbps << ',' << r.write_gbps << ',' << r.limit_ms << ','
+            << r.limit_ms / r.ms << ',' << r.extra_memory << '\n';
       if (!out) return report_error(runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
       std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());
     }
