@@ -21,6 +21,7 @@
 #include <sstream>
 
 #include "grad_cases.h"
+#include "grad_spec_examples.h"
 #include "npy.h"
 #include "routing_cases.h"
 
@@ -145,63 +146,9 @@ FloatBuffer read_output(const std::string& path, DType dtype, std::vector<int64_
 
 // --- golden grad: the spec's examples ----------------------------------------------------------
 
-struct Example {
-  const char* name;
-  DType dtype;
-  std::vector<int64_t> grad_shape;
-  std::vector<float> grad_values;
-  std::vector<int32_t> expanded_row_idx;
-  int64_t top_k, drop_pad_mode, active_num;
-  std::vector<float> expected_tree, expected_sequential;
-};
+using Example = testing::GradSpecExample;
 
-std::vector<Example> examples() {
-  // Spec §1.10 (the same table as test_grad_examples.cpp).
-  const float tiny30 = std::ldexp(1.0f, -30), tiny24 = std::ldexp(1.0f, -24);
-  return {
-      {"G1",
-       DType::float32,
-       {6, 2},
-       {-1, 0.5f, 0.5f, 0.5f, tiny30, 0.25f, 0.125f, 2, 1, 3, 0.25f, -1},
-       {4, 0, 2, 1, 5, 3},
-       3,
-       0,
-       0,
-       {0.0f, 3.75f, 0.875f, 1.5f},
-       {tiny30, 3.75f, 0.875f, 1.5f}},
-      {"G2",
-       DType::bfloat16,
-       {3, 2},
-       {1.0f, 0.00390625f, -2.5f, 3.0f, 0.5f, 1.0f},
-       {2, 0, 4, 3, 1, 5},
-       2,
-       0,
-       3,
-       {1.5f, 1.0f, 0, 0, -2.5f, 3.0f},
-       {1.5f, 1.0f, 0, 0, -2.5f, 3.0f}},
-      {"G3",
-       DType::float16,
-       {3, 2, 1},
-       {1, 2, 4, 8, 16, 32},
-       {0, 2, 1, 4, -1, 3, -1, -1},
-       2,
-       1,
-       0,
-       {5, 18, 8, 0},
-       {5, 18, 8, 0}},
-      {"G4", DType::float16, {3, 1}, {1.0f, -1.0f, tiny24}, {0, 1, 2}, 3, 0, 0, {0.0f}, {tiny24}},
-      {"G5",
-       DType::float32,
-       {5, 1},
-       {1, tiny24, -1, tiny24, tiny24},
-       {0, 1, 2, 3, 4},
-       5,
-       0,
-       0,
-       {tiny24},
-       {std::ldexp(1.0f, -23)}},
-  };
-}
+std::vector<Example> examples() { return testing::grad_spec_examples(); }
 
 TEST(CliGolden, SpecExamplesBitExactInBothOrders) {
   TempDir dir;

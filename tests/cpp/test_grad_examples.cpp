@@ -2,6 +2,7 @@
 // every backend (reference, each CPU ISA, several thread counts).
 #include <cmath>
 
+#include "grad_spec_examples.h"
 #include "test_util.h"
 
 namespace moe_routing {
@@ -38,29 +39,18 @@ FloatBuffer run(const Example& ex, AccumulationOrder order, const testing::Runne
 }
 
 std::vector<Example> examples() {
-  const float tiny30 = std::ldexp(1.0f, -30), tiny24 = std::ldexp(1.0f, -24);
   std::vector<Example> list;
   // Seed: expanded_row_idx = 4 1 5 3 0 2, K = 2 -> grad_x[0] = g4+g1, [1] = g5+g3, [2] = g0+g2.
   list.push_back({"seed", DType::float32, {6, 1}, {1, 10, 100, 1000, 10000, 100000},
                   {4, 1, 5, 3, 0, 2}, {2, 0, 0}, {10010, 101000, 101}, {10010, 101000, 101}});
-  // G1: dropless, K=3, fp32.
-  list.push_back({"G1", DType::float32, {6, 2},
-                  {-1, 0.5f, 0.5f, 0.5f, tiny30, 0.25f, 0.125f, 2, 1, 3, 0.25f, -1},
-                  {4, 0, 2, 1, 5, 3}, {3, 0, 0},
-                  {0.0f, 3.75f, 0.875f, 1.5f}, {tiny30, 3.75f, 0.875f, 1.5f}});
-  // G2: active, bf16, skipped pairs and a tie in the final rounding.
-  list.push_back({"G2", DType::bfloat16, {3, 2}, {1.0f, 0.00390625f, -2.5f, 3.0f, 0.5f, 1.0f},
-                  {2, 0, 4, 3, 1, 5}, {2, 0, 3},
-                  {1.5f, 1.0f, 0, 0, -2.5f, 3.0f}, {1.5f, 1.0f, 0, 0, -2.5f, 3.0f}});
-  // G3: drop-pad, fp16.
-  list.push_back({"G3", DType::float16, {3, 2, 1}, {1, 2, 4, 8, 16, 32},
-                  {0, 2, 1, 4, -1, 3, -1, -1}, {2, 1, 0}, {5, 18, 8, 0}, {5, 18, 8, 0}});
-  // G4: fp16, K=3, the platforms disagree.
-  list.push_back({"G4", DType::float16, {3, 1}, {1.0f, -1.0f, tiny24}, {0, 1, 2}, {3, 0, 0},
-                  {0.0f}, {tiny24}});
-  // G5: K=5, fp32.
-  list.push_back({"G5", DType::float32, {5, 1}, {1, tiny24, -1, tiny24, tiny24}, {0, 1, 2, 3, 4},
-                  {5, 0, 0}, {tiny24}, {std::ldexp(1.0f, -23)}});
+  for (const testing::GradSpecExample& g : testing::grad_spec_examples()) {
+    MoeInitRoutingGradAttrs attrs;
+    attrs.top_k = g.top_k;
+    attrs.drop_pad_mode = g.drop_pad_mode;
+    attrs.active_num = g.active_num;
+    list.push_back({g.name, g.dtype, g.grad_shape, g.grad_values, g.expanded_row_idx, attrs,
+                    g.expected_tree, g.expected_sequential});
+  }
   return list;
 }
 
