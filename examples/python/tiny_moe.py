@@ -61,6 +61,21 @@ class TinyMoE(nn.Module):
 
 
 def train(use_ours: bool, steps: int, tokens: int, compile_model: bool = False, seed: int = 0):
+    # PyTorch's own CPU kernels are not all deterministic by default: the backward of the
+    # experts' weight gather (w1[row_expert], an index_put_ with accumulate) adds rows of the same
+    # expert from several threads, in an order that varies from run to run (seen: 1 ulp in the
+    # w1 gradient in ~1 of 5 processes). Our operators are deterministic either way; PyTorch's
+    # deterministic mode makes the rest of the layer so too, so that the two layers can be
+    # compared bit for bit.
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        return _train(use_ours, steps, tokens, compile_model, seed)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+
+
+def _train(use_ours: bool, steps: int, tokens: int, compile_model: bool, seed: int):
     torch.manual_seed(seed)
     model = TinyMoE(seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
