@@ -62,11 +62,11 @@ class TinyMoE(nn.Module):
 
 def train(use_ours: bool, steps: int, tokens: int, compile_model: bool = False, seed: int = 0):
     # PyTorch's own CPU kernels are not all deterministic by default: the backward of the
-    # experts' weight gather (w1[row_expert], an index_put_ with accumulate) adds rows of the same
-    # expert from several threads, in an order that varies from run to run (seen: 1 ulp in the
-    # w1 gradient in ~1 of 5 processes). Our operators are deterministic either way; PyTorch's
-    # deterministic mode makes the rest of the layer so too, so that the two layers can be
-    # compared bit for bit.
+    # experts' weight gather (w1[row_expert], an index_put_ with accumulate, in both layers) adds
+    # rows of the same expert from several threads in an order that depends on thread timing
+    # (seen: the two layers' w1 gradients 1 ulp apart in ~1 of 5 processes). Our operators are
+    # deterministic either way; PyTorch's deterministic mode makes the rest of the layer so too,
+    # so that the two layers can be compared bit for bit.
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
