@@ -95,10 +95,10 @@ using ParallelForFn = void (*)(int64_t num_tasks, int max_pieces,
                                void* context);
 
 /// Runs the CPU kernels' parallel loops on the host's thread pool instead of the library's own
-/// (null restores the built-in pool). A framework with its own pool installs its loop so that two
-/// pools never compete for the same cores: the torch extension installs at::parallel_for, whose
-/// OpenMP workers otherwise keep spinning on the cores our workers need right after each PyTorch
-/// operator. Not for use while operators are running on other threads.
+/// (null restores the built-in pool), for applications that keep all their threads in one pool.
+/// (The torch extension does not: on the 2-vCPU machine measured, our pool beside PyTorch's was
+/// as fast or faster than at::parallel_for - docs/PERFORMANCE.md.) Not for use while operators
+/// are running on other threads.
 void set_parallel_backend(ParallelForFn parallel_for);
 
 }  // namespace moe_routing

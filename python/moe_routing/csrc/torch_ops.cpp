@@ -87,21 +87,6 @@ TensorView optional_view(const char* op, const char* name, const at::Tensor& t) 
   return t.defined() ? view_of(op, name, t) : TensorView();
 }
 
-/// The CPU kernels' parallel loops on PyTorch's own pool (at::parallel_for): with our pool beside
-/// it, its OpenMP workers - still spinning after the previous PyTorch operator - and ours fight
-/// over the same cores (a 128-token forward ran 1.5x slower right after PyTorch ops).
-void torch_parallel_for(int64_t num_tasks, int max_pieces,
-                        void (*task)(void* context, int64_t begin, int64_t end), void* context) {
-  const int64_t grain = (num_tasks + max_pieces - 1) / max_pieces;  // at most max_pieces pieces
-  at::parallel_for(0, num_tasks, grain,
-                   [&](int64_t begin, int64_t end) { task(context, begin, end); });
-}
-
-[[maybe_unused]] const bool kParallelBackendInstalled = [] {
-  moe_routing::set_parallel_backend(&torch_parallel_for);
-  return true;
-}();
-
 moe_routing::ExecConfig torch_exec_config() {
   moe_routing::ExecConfig config;
   config.num_threads = at::get_num_threads();  // honours torch.set_num_threads
