@@ -85,6 +85,14 @@ struct TreeShape {
   int64_t bins;
   int levels;
 };
-TreeShape tree_shape(int64_t top_k);
+/// Atlas A2/A3 tiling: K >= 128 -> 64 bins, 6 levels; else L = max(0, floor(log2 K) - 1).
+/// constexpr: the CPU kernels instantiate loops for the bin counts of common K at compile time.
+constexpr TreeShape tree_shape(int64_t top_k) {
+  if (top_k >= 128) return {64, 6};
+  int floor_log2 = 0;
+  while ((int64_t(2) << floor_log2) <= top_k) ++floor_log2;
+  const int levels = floor_log2 >= 1 ? floor_log2 - 1 : 0;
+  return {int64_t(1) << levels, levels};
+}
 
 }  // namespace moe_routing

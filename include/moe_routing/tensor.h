@@ -86,19 +86,4 @@ struct ExecConfig {
 void set_num_threads(int num_threads);
 int get_num_threads();
 
-/// A parallel loop supplied by the host application: runs task(context, begin, end) on at most
-/// `max_pieces` contiguous pieces covering [0, num_tasks) and returns when every piece is done.
-/// The pieces may run on any threads, in any order; the kernels' results never depend on how the
-/// range is split.
-using ParallelForFn = void (*)(int64_t num_tasks, int max_pieces,
-                               void (*task)(void* context, int64_t begin, int64_t end),
-                               void* context);
-
-/// Runs the CPU kernels' parallel loops on the host's thread pool instead of the library's own
-/// (null restores the built-in pool), for applications that keep all their threads in one pool.
-/// (The torch extension does not: on the 2-vCPU machine measured, our pool beside PyTorch's was
-/// as fast or faster than at::parallel_for - docs/PERFORMANCE.md.) Not for use while operators
-/// are running on other threads.
-void set_parallel_backend(ParallelForFn parallel_for);
-
 }  // namespace moe_routing

@@ -178,13 +178,6 @@ inline void gather_row_addends(const GradKernelArgs& args, const S* source, int6
   }
 }
 
-/// Bins of the tree order for a top_k of K (tree_shape(K).bins, at compile time, K < 128).
-constexpr int tree_bins_of(int K) {
-  int floor_log2 = 0;
-  while ((2 << floor_log2) <= K) ++floor_log2;
-  return floor_log2 >= 1 ? 1 << (floor_log2 - 1) : 1;
-}
-
 template <class Ops, class Tag, int B>
 void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
   using S = typename Tag::storage;
@@ -221,13 +214,13 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
       row_columns<Ops, Tag, B, KC, true>(row, K, c0, c1, out, sequential, args.stream_output);
     };
     using std::integral_constant;
-    if (K == 8 && (B == 1 || B == tree_bins_of(8))) {
+    if (K == 8 && (B == 1 || B == tree_shape(8).bins)) {
       run(integral_constant<int, 8>());
-    } else if (K == 6 && (B == 1 || B == tree_bins_of(6))) {
+    } else if (K == 6 && (B == 1 || B == tree_shape(6).bins)) {
       run(integral_constant<int, 6>());
-    } else if (K == 4 && (B == 1 || B == tree_bins_of(4))) {
+    } else if (K == 4 && (B == 1 || B == tree_shape(4).bins)) {
       run(integral_constant<int, 4>());
-    } else if (K == 2 && (B == 1 || B == tree_bins_of(2))) {
+    } else if (K == 2 && (B == 1 || B == tree_shape(2).bins)) {
       run(integral_constant<int, 2>());
     } else {
       run(integral_constant<int, 0>());

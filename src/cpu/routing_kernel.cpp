@@ -39,7 +39,6 @@ void parallel_range(int64_t n, int num_threads, const Fn& fn) {
   detail::parallel_for(n, num_threads, [&](int64_t begin, int64_t end) { fn(begin, end); });
 }
 
-
 /// Copies a row; `stream`: with non-temporal stores where the destination is aligned
 /// (cpu/stream_copy.h). Vector loops rather than memcpy (see copy_avx2). Callers issue
 /// stream_fence() before the data is published to another thread.
@@ -338,28 +337,26 @@ constexpr uint64_t kCachedScratchBytes = uint64_t(4) << 20;
 
 class OwnedScratch {
  public:
-  explicit OwnedScratch(uint64_t bytes) {
-    if (bytes <= kCachedScratchBytes) {
-      thread_local std::unique_ptr<unsigned char[]> cached;
-      thread_local uint64_t cached_bytes = 0;
-      if (cached_bytes < bytes) {  // grows at most a few times per thread
-        cached.reset();
-        cached_bytes = 0;
-        const uint64_t grown = std::max<uint64_t>(bytes, uint64_t(64) << 10);
-        cached.reset(new unsigned char[grown]);
-        cached_bytes = grown;
-      }
-      data_ = cached.get();
-    } else {
+  /// `bytes` of scratch, valid until this object is destroyed (or the thread's next call).
+  unsigned char* acquire(uint64_t bytes) {
+    if (bytes > kCachedScratchBytes) {
       owned_.reset(new unsigned char[bytes]);
-      data_ = owned_.get();
+      return owned_.get();
     }
+    thread_local std::unique_ptr<unsigned char[]> cached;
+    thread_local uint64_t cached_bytes = 0;
+    if (cached_bytes < bytes) {  // grows at most a few times per thread
+      cached.reset();
+      cached_bytes = 0;  // stays consistent if the allocation below throws
+      const uint64_t grown = std::max<uint64_t>(bytes, uint64_t(64) << 10);
+      cached.reset(new unsigned char[grown]);
+      cached_bytes = grown;
+    }
+    return cached.get();
   }
-  unsigned char* data() const { return data_; }
 
  private:
   std::unique_ptr<unsigned char[]> owned_;
-  unsigned char* data_ = nullptr;
 };
 
 }  // namespace
@@ -370,11 +367,8 @@ uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
 
 void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, void* workspace) {
   const ScratchLayout layout = scratch_layout(pr, num_threads);
-  std::unique_ptr<OwnedScratch> owned;
-  if (workspace == nullptr) {
-    owned = std::make_unique<OwnedScratch>(layout.bytes);
-    workspace = owned->data();
-  }
+  OwnedScratch owned;
+  if (workspace == nullptr) workspace = owned.acquire(layout.bytes);
   const uintptr_t raw = reinterpret_cast<uintptr_t>(workspace);
   unsigned char* base = static_cast<unsigned char*>(workspace) +
                         ((kScratchAlign - raw % kScratchAlign) % kScratchAlign);

@@ -259,6 +259,38 @@ TEST_F(NoAllocation, CppApiWithWorkspace) {
   for (int32_t c : counts) EXPECT_EQ(c, kTokens * kTopK / kExperts);
 }
 
+// Without a caller workspace the forward keeps its (small) scratch per calling thread: after the
+// first call, repeated calls of the same size allocate nothing either (docs/python.md relies on
+// it for out= calls at decode sizes).
+TEST_F(NoAllocation, CppApiWithoutWorkspaceReusesItsScratch) {
+  using namespace moe_routing;
+  std::vector<float> x(size_t(kTokens * kHidden), 1.0f);
+  std::vector<int32_t> ids(size_t(kTokens * kTopK));
+  for (size_t p = 0; p < ids.size(); ++p) ids[p] = int32_t(p * 7 % kExperts);
+  const TensorView xv(x.data(), DType::float32, {kTokens, kHidden});
+  const TensorView iv(ids.data(), DType::int32, {kTokens, kTopK});
+  MoeInitRoutingAttrs attrs;
+  attrs.expert_num = kExperts;
+  attrs.expert_tokens_num_flag = true;
+  std::vector<float> out(size_t(kTokens * kTopK * kHidden));
+  std::vector<int32_t> row_idx(size_t(kTokens * kTopK));
+  std::vector<int64_t> counts(static_cast<size_t>(kExperts));
+  ExecConfig config;
+  config.num_threads = 2;
+  auto call = [&] {
+    return moe_init_routing(xv, iv, TensorView(), TensorView(), TensorView(), attrs,
+                            TensorView(out.data(), DType::float32, {kTokens * kTopK, kHidden}),
+                            TensorView(row_idx.data(), DType::int32, {kTokens * kTopK}),
+                            TensorView(counts.data(), DType::int64, {kExperts}), TensorView(),
+                            TensorView(), config);
+  };
+  Status status = call();  // first call: the scratch is allocated (and the pool started)
+  ASSERT_TRUE(status.is_ok()) << status.message();
+  EXPECT_EQ(allocations_during([&] { status = call(); }), 0);
+  EXPECT_TRUE(status.is_ok()) << status.message();
+  EXPECT_EQ(counts[0], kTokens * kTopK / kExperts);
+}
+
 // The counter itself works, also on the pool's threads: a parallel loop whose body allocates.
 TEST_F(NoAllocation, CounterSeesAllocations) {
   EXPECT_GE(allocations_during([] { std::vector<int> v(100); (void)v; }), 1);

@@ -50,15 +50,6 @@ const char* grad_scenario_name(GradScenario scenario) {
   return "unknown";
 }
 
-TreeShape tree_shape(int64_t top_k) {
-  // Atlas A2/A3 tiling: K >= 128 -> 64 bins, 6 levels; else L = max(0, floor(log2 K) - 1).
-  if (top_k >= 128) return {64, 6};
-  int floor_log2 = 0;
-  while ((int64_t(2) << floor_log2) <= top_k) ++floor_log2;
-  int levels = floor_log2 >= 1 ? floor_log2 - 1 : 0;
-  return {int64_t(1) << levels, levels};
-}
-
 Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
                                    const TensorView& expanded_row_idx,
                                    const MoeInitRoutingGradAttrs& attrs,
