@@ -86,4 +86,19 @@ struct ExecConfig {
 void set_num_threads(int num_threads);
 int get_num_threads();
 
+/// A parallel loop supplied by the host application: runs task(context, begin, end) on at most
+/// `max_pieces` contiguous pieces covering [0, num_tasks) and returns when every piece is done.
+/// The pieces may run on any threads, in any order; the kernels' results never depend on how the
+/// range is split.
+using ParallelForFn = void (*)(int64_t num_tasks, int max_pieces,
+                               void (*task)(void* context, int64_t begin, int64_t end),
+                               void* context);
+
+/// Runs the CPU kernels' parallel loops on the host's thread pool instead of the library's own
+/// (null restores the built-in pool). A framework with its own pool installs its loop so that two
+/// pools never compete for the same cores: the torch extension installs at::parallel_for, whose
+/// OpenMP workers otherwise keep spinning on the cores our workers need right after each PyTorch
+/// operator. Not for use while operators are running on other threads.
+void set_parallel_backend(ParallelForFn parallel_for);
+
 }  // namespace moe_routing

@@ -22,6 +22,11 @@ int initial_default_threads() {
   return hw == 0 ? 1 : int(hw);
 }
 
+std::atomic<ParallelForFn>& parallel_backend() {
+  static std::atomic<ParallelForFn> backend{nullptr};
+  return backend;
+}
+
 std::atomic<int>& default_threads() {
   static std::atomic<int> value{initial_default_threads()};
   return value;
@@ -142,6 +147,8 @@ void set_num_threads(int num_threads) {
 
 int get_num_threads() { return default_threads().load(); }
 
+void set_parallel_backend(ParallelForFn parallel_for) { parallel_backend().store(parallel_for); }
+
 namespace detail {
 
 int resolve_num_threads(int requested) { return requested > 0 ? requested : get_num_threads(); }
@@ -149,6 +156,16 @@ int resolve_num_threads(int requested) { return requested > 0 ? requested : get_
 void reserve_threads(int num_threads) { ThreadPool::instance().reserve(num_threads); }
 
 void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn) {
+  if (num_threads > 1 && num_tasks > 1) {
+    if (const ParallelForFn host = parallel_backend().load(std::memory_order_relaxed)) {
+      host(num_tasks, num_threads,
+           [](void* context, int64_t begin, int64_t end) {
+             (*static_cast<const RangeFn*>(context))(begin, end);
+           },
+           &fn);
+      return;
+    }
+  }
   ThreadPool::instance().run(num_tasks, std::max(1, num_threads), fn);
 }
 

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "grad_cases.h"
+#include "routing_cases.h"
 
 namespace moe_routing {
 namespace {
@@ -30,6 +32,51 @@ TEST(ThreadPool, NestedCallsRunInline) {
       detail::parallel_for(10, 4, [&](int64_t b, int64_t e) { total += e - b; });
   });
   EXPECT_EQ(total.load(), 40);
+}
+
+// A host parallel loop (set_parallel_backend): the kernels' loops run through it, results stay
+// bitwise those of the built-in pool, and null restores the pool.
+std::atomic<int64_t> host_calls{0};
+
+/// A deliberately odd host loop: max_pieces pieces, run in reverse order on the calling thread.
+void reverse_serial_parallel_for(int64_t num_tasks, int max_pieces,
+                                 void (*task)(void*, int64_t, int64_t), void* context) {
+  host_calls.fetch_add(1);
+  for (int64_t piece = max_pieces - 1; piece >= 0; --piece)
+    task(context, num_tasks * piece / max_pieces, num_tasks * (piece + 1) / max_pieces);
+}
+
+TEST(ThreadPool, HostParallelBackendRunsTheKernelsLoops) {
+  testing::Random rng(77);
+  testing::GradCase grad = testing::make_grad_case(rng, GradScenario::dropless, DType::bfloat16, 900, 8, 1000);
+  testing::ForwardCase forward;
+  const int64_t N = 900, K = 8, H = 1000;
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(-1, 40));
+  forward.x = testing::Tensor::floats(DType::bfloat16, {N, H}, std::vector<float>(size_t(N * H), 1.5f));
+  forward.expert_idx = testing::Tensor::int32s({N, K}, ids);
+  forward.attrs.expert_num = 40;
+  forward.attrs.expert_tokens_num_flag = true;
+  const testing::Runner four{Backend::cpu, CpuIsa::automatic, 4};
+  const testing::FloatBuffer grad_pool = testing::run_grad_case(grad, four);
+  const testing::ForwardResult forward_pool = testing::run_forward(forward, four);
+  ASSERT_TRUE(forward_pool.status.is_ok()) << forward_pool.status.message();
+
+  set_parallel_backend(&reverse_serial_parallel_for);
+  host_calls.store(0);
+  const testing::FloatBuffer grad_host = testing::run_grad_case(grad, four);
+  const int64_t grad_calls = host_calls.load();
+  const testing::ForwardResult forward_host = testing::run_forward(forward, four);
+  const int64_t forward_calls = host_calls.load() - grad_calls;
+  set_parallel_backend(nullptr);
+
+  EXPECT_GE(grad_calls, 1);
+  EXPECT_GE(forward_calls, 1);
+  EXPECT_TRUE(testing::bitwise_equal(grad_pool, grad_host));
+  EXPECT_TRUE(testing::same_result(forward_pool, forward_host));
+  host_calls.store(0);
+  (void)testing::run_grad_case(grad, four);
+  EXPECT_EQ(host_calls.load(), 0) << "null restores the built-in pool";
 }
 
 }  // namespace

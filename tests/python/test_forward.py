@@ -217,3 +217,25 @@ def test_out_of_the_wrong_shape_is_rejected():
         moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 5))
     with pytest.raises(ValueError, match="non-contiguous"):
         moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(4, 3).t())
+
+
+@pytest.mark.parametrize("drop_pad_mode", [0, 1])
+def test_thread_count_does_not_change_bits(drop_pad_mode):
+    # 8 MB of expanded rows: enough for the kernel to split its loops over both threads, which run
+    # on PyTorch's intra-op pool.
+    gen = torch.Generator().manual_seed(5)
+    n, k, e, h = 512, 8, 64, 1024
+    x = torch.randn(n, h, generator=gen).to(torch.bfloat16)
+    idx = torch.randint(-1, e, (n, k), generator=gen, dtype=torch.int32)
+    kw = dict(expert_num=e, expert_tokens_num_type=1, expert_tokens_num_flag=True, drop_pad_mode=drop_pad_mode,
+              expert_capacity=(n * k // e) if drop_pad_mode else -1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = moe_routing.moe_init_routing(x, idx, **kw)
+        torch.set_num_threads(2)
+        two = moe_routing.moe_init_routing(x, idx, **kw)
+    finally:
+        torch.set_num_threads(before)
+    assert_outputs_equal(one, two, V4_NAMES, "1 vs 2 threads")
+    assert one[0].abs().sum() > 0  # rows were copied, not only zero-filled

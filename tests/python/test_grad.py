@@ -78,7 +78,8 @@ def test_non_contiguous_inputs():
 
 def test_thread_count_does_not_change_bits():
     gen = torch.Generator().manual_seed(2)
-    g, idx, _ = random_grad_case("dropless", torch.bfloat16, 64, 8, 300, gen)
+    # 8 MB of gradient rows: enough for the kernel to use both threads (>= 2 MiB each)
+    g, idx, _ = random_grad_case("dropless", torch.bfloat16, 512, 8, 1024, gen)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -88,6 +89,23 @@ def test_thread_count_does_not_change_bits():
     finally:
         torch.set_num_threads(before)
     assert_bitwise_equal(one, two, "1 vs 2 threads")
+
+
+def test_kernels_loops_run_on_pytorchs_threads():
+    # The CPU kernels' parallel loops run on PyTorch's intra-op pool (at::parallel_for). With
+    # PyTorch's OpenMP backend that needs the extension compiled with OpenMP: without it every
+    # loop silently ran on the calling thread only.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.ops.moe_routing._parallel_loop_threads(2) == 2
+        assert torch.ops.moe_routing._parallel_loop_threads(1) == 1
+        torch.set_num_threads(1)
+        assert torch.ops.moe_routing._parallel_loop_threads(2) == 1
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="num_tasks must be >= 1, got 0"):
+        torch.ops.moe_routing._parallel_loop_threads(0)
 
 
 @pytest.mark.parametrize("args, kwargs, exc, message", [

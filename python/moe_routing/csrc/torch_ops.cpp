@@ -6,8 +6,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -85,6 +88,45 @@ at::Tensor allocate(const moe_routing::OutputSpec& spec, const at::Tensor& like)
 /// A view of an optional input; absent -> the core's "absent" (default-constructed) view.
 TensorView optional_view(const char* op, const char* name, const at::Tensor& t) {
   return t.defined() ? view_of(op, name, t) : TensorView();
+}
+
+/// The CPU kernels' parallel loops on PyTorch's own pool (at::parallel_for): with our pool beside
+/// it, PyTorch's OpenMP workers - which keep spinning for a while after every PyTorch operator -
+/// and ours fight over the same cores (a 128-token forward ran 1.5x slower right after a PyTorch
+/// op). This file must be compiled with OpenMP for that (python/CMakeLists.txt): at::parallel_for
+/// is a header template whose `#pragma omp parallel` is otherwise ignored, running every loop
+/// serially. _parallel_loop_threads lets the tests check it.
+void torch_parallel_for(int64_t num_tasks, int max_pieces,
+                        void (*task)(void* context, int64_t begin, int64_t end), void* context) {
+  const int64_t grain = (num_tasks + max_pieces - 1) / max_pieces;  // at most max_pieces pieces
+  at::parallel_for(0, num_tasks, grain,
+                   [&](int64_t begin, int64_t end) { task(context, begin, end); });
+}
+
+[[maybe_unused]] const bool kParallelBackendInstalled = [] {
+  moe_routing::set_parallel_backend(&torch_parallel_for);
+  return true;
+}();
+
+/// How many distinct threads ran the pieces of a loop of `num_tasks` tasks through
+/// torch_parallel_for with as many pieces as PyTorch's thread count (a check of the build: with
+/// PyTorch's OpenMP backend and no OpenMP in this file it is always 1).
+int64_t parallel_loop_threads(int64_t num_tasks) {
+  TORCH_CHECK_VALUE(num_tasks >= 1, "_parallel_loop_threads: num_tasks must be >= 1, got ", num_tasks);
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  struct Context {
+    std::mutex* mutex;
+    std::set<std::thread::id>* threads;
+  } context{&mutex, &threads};
+  torch_parallel_for(num_tasks, at::get_num_threads(),
+                     [](void* raw, int64_t, int64_t) {
+                       auto* c = static_cast<Context*>(raw);
+                       std::lock_guard<std::mutex> lock(*c->mutex);
+                       c->threads->insert(std::this_thread::get_id());
+                     },
+                     &context);
+  return int64_t(threads.size());
 }
 
 moe_routing::ExecConfig torch_exec_config() {
@@ -311,6 +353,8 @@ TORCH_LIBRARY(moe_routing, m) {
       "str numerics=\"atlas_a2\", *, Tensor(a!) expanded_x, Tensor(b!) expanded_row_idx, "
       "Tensor(c!) expert_tokens_count_or_cumsum, Tensor(d!) expanded_scale, "
       "Tensor(e!) expanded_topk_weight) -> ()");
+  // Internal: a check that the kernels' loops really run on several of PyTorch's threads.
+  m.def("_parallel_loop_threads(int num_tasks) -> int", &parallel_loop_threads);
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) {
