@@ -1,7 +1,11 @@
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/memory_hints.h"
 #include "moe_routing/tensor.h"
@@ -56,11 +60,53 @@ CpuIsa best_cpu_isa() {
 namespace detail {
 namespace {
 
+/// The first line of a small text file, or false (no allocation: this may run inside a C ABI
+/// phase two, which allocates nothing).
+bool read_small_file(const char* path, char* text, size_t capacity) {
+  const int fd = ::open(path, O_RDONLY);
+  if (fd < 0) return false;
+  const ssize_t got = ::read(fd, text, capacity - 1);
+  ::close(fd);
+  if (got <= 0) return false;
+  text[got] = '\0';
+  text[std::strcspn(text, "\n")] = '\0';
+  return true;
+}
+
+/// Bytes of one instance of CPU 0's highest-level data (or unified) cache as Linux describes it in
+/// sysfs - the share one core can fill; 0 if unknown. sysconf(_SC_LEVEL3_CACHE_SIZE) is no
+/// substitute: on AMD EPYC it reports the whole package's L3 (256 MiB on the machine measured,
+/// whose cores each see a 32 MiB L3), which kept outputs up to 256 MiB on cached stores.
+int64_t sysfs_last_level_cache_bytes() {
+  int best_level = 0;
+  int64_t best_bytes = 0;
+  for (int index = 0; index < 16; ++index) {
+    char path[96], text[64];
+    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", index);
+    if (!read_small_file(path, text, sizeof text)) break;
+    if (std::strcmp(text, "Instruction") == 0) continue;
+    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", index);
+    if (!read_small_file(path, text, sizeof text)) continue;
+    const int level = std::atoi(text);
+    std::snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", index);
+    if (!read_small_file(path, text, sizeof text)) continue;
+    char* unit = nullptr;
+    const long long value = std::strtoll(text, &unit, 10);
+    if (value <= 0) continue;
+    const int shift = *unit == 'K' ? 10 : *unit == 'M' ? 20 : *unit == 'G' ? 30 : 0;
+    if (level > best_level) {
+      best_level = level;
+      best_bytes = int64_t(value) << shift;
+    }
+  }
+  return best_bytes;
+}
+
 int64_t default_streaming_store_threshold() {
   constexpr int64_t kMinimum = int64_t(8) << 20, kUnknown = int64_t(32) << 20;
-  int64_t cache = 0;
+  int64_t cache = sysfs_last_level_cache_bytes();
 #if defined(_SC_LEVEL3_CACHE_SIZE)
-  cache = int64_t(sysconf(_SC_LEVEL3_CACHE_SIZE));
+  if (cache <= 0) cache = int64_t(sysconf(_SC_LEVEL3_CACHE_SIZE));
 #endif
   if (cache <= 0) return kUnknown;
   return cache < kMinimum ? kMinimum : cache;

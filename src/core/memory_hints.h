@@ -5,8 +5,9 @@
 
 namespace moe_routing::detail {
 
-/// Outputs at least this large are written with non-temporal stores: the size of the last-level
-/// cache (at least 8 MiB; 32 MiB where the OS does not tell). A smaller output is written
+/// Outputs at least this large are written with non-temporal stores: the size of one instance of
+/// the last-level cache as Linux's sysfs reports it for CPU 0 (else sysconf's L3 size; at least
+/// 8 MiB; 32 MiB where the OS does not tell). A smaller output is written
 /// through the cache, where the next operation (the expert GEMM, the next layer) finds it; a
 /// larger one would only evict everything else, and streaming it also saves the
 /// read-for-ownership of every line. Measured on a 32 MiB-L3 VM: a 15-29 MB forward output

@@ -3,6 +3,7 @@
 // for every non-quantised configuration; the counting sort on its own; empty inputs; huge ids
 // (the radix path); not-produced outputs passed with data are zero-filled.
 #include <algorithm>
+#include <fstream>
 #include <limits>
 #include <numeric>
 
@@ -182,8 +183,6 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
         << threads << " threads (V2 drop-pad)";
 }
 
-// ExecConfig::workspace: the size depends on the plan and thread count only; a smaller one is
-// refused before anything is written; the reference backend ignores it.
 TEST(RoutingRandom, StreamingThresholdIsAtLeast8MiB) {
   EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
   {
@@ -192,6 +191,26 @@ TEST(RoutingRandom, StreamingThresholdIsAtLeast8MiB) {
   }
   EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
 }
+
+// Where Linux describes CPU 0's L3 in sysfs, the threshold is that instance's size (not
+// sysconf's, which on AMD EPYC is the whole package's: 256 MiB against 32 MiB per core).
+TEST(RoutingRandom, StreamingThresholdIsTheL3InstanceSizeFromSysfs) {
+  std::ifstream level("/sys/devices/system/cpu/cpu0/cache/index3/level");
+  std::ifstream size("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  int level_value = 0;
+  std::string size_text;
+  if (level >> level_value && size >> size_text && level_value == 3 && !size_text.empty() &&
+      size_text.back() == 'K') {
+    const int64_t bytes = std::stoll(size_text) * 1024;
+    EXPECT_EQ(detail::streaming_store_threshold(), std::max<int64_t>(bytes, int64_t(8) << 20))
+        << "sysfs L3 size " << size_text;
+  } else {  // no such description: sysconf or the 32 MiB default, never below 8 MiB
+    EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
+  }
+}
+
+// ExecConfig::workspace: the size depends on the plan and thread count only; a smaller one is
+// refused before anything is written; the reference backend ignores it.
 
 TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
   ForwardCase c;
