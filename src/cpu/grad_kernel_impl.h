@@ -58,15 +58,17 @@ template <class S>
 struct RowAddends {
   const S* source[32];
   bool present[32];
-  /// Masked rows (NeutralElements): addend t of column j is source[t][j & mask[t]].
-  int64_t mask[32];
 };
 
-/// Masked loads: instead of a branch per absent addend, an absent addend reads a neutral
-/// element through mask 0 - +0.0 where the order seeds a sum with it (the reference starts
-/// from +0.0 there), -0.0 where it is added (x + -0.0 == x for every x, signed zeros
-/// included, so skipping an addend and adding -0.0 give the same bits; NaN payloads are
-/// canonicalised at the store either way).
+/// Rows with absent addends (active, drop-pad) read each absent addend from a neutral row instead
+/// of branching per addend: +0.0 where the order seeds a sum with it (the reference starts from
+/// +0.0 there), -0.0 where it is added (x + -0.0 == x for every x, signed zeros included, so
+/// skipping an addend and adding -0.0 give the same bits; NaN payloads are canonicalised at the
+/// store either way). The columns of such a row are processed in chunks of kNeutralColumns, the
+/// present sources rebased to each chunk, so the neutral rows are two small stack arrays that stay
+/// in L1 (reading them costs no memory bandwidth).
+constexpr int64_t kNeutralColumns = 512;
+
 template <class S>
 constexpr S negative_zero() {
   if constexpr (std::is_same_v<S, float>)
@@ -74,25 +76,32 @@ constexpr S negative_zero() {
   else
     return S(0x8000);  // float16 and bfloat16
 }
+
 template <class S>
-struct NeutralElements {
-  // 8 elements: the widest vector reads W <= 8 of them (float32 AVX2).
-  static constexpr S plus_zero[8] = {};
-  static constexpr S minus_zero[8] = {negative_zero<S>(), negative_zero<S>(), negative_zero<S>(),
-                                      negative_zero<S>(), negative_zero<S>(), negative_zero<S>(),
-                                      negative_zero<S>(), negative_zero<S>()};
+struct NeutralRows {
+  alignas(64) S plus_zero[kNeutralColumns];
+  alignas(64) S minus_zero[kNeutralColumns];
+  bool filled = false;
+  void fill() {
+    if (filled) return;
+    for (int64_t j = 0; j < kNeutralColumns; ++j) {
+      plus_zero[j] = S(0);
+      minus_zero[j] = negative_zero<S>();
+    }
+    filled = true;
+  }
 };
 
 /// Tree order with B (<= 8) bins for the `O::W` columns at offset j. KC > 0: K is the constant KC
-/// and every addend is present (a dense row: no branch in the column loop); KC = 0: run time K.
-/// KC > 0 with Masked: every addend is read through its mask (RowAddends::mask).
-template <class O, class Tag, int B, bool Stream, int KC = 0, bool Masked = false>
+/// and every addend is present (a dense row, or absent ones pointing at neutral rows: no branch
+/// in the column loop); KC = 0: run time K.
+template <class O, class Tag, int B, bool Stream, int KC = 0>
 inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K_, int64_t j,
                          typename Tag::storage* out) {
   const int64_t K = KC > 0 ? KC : K_;
   auto present = [&row](int64_t t) { return KC > 0 || row.present[t]; };
   auto load = [&row, j](int64_t t) {
-    return O::template load<Tag>(row.source[t] + (Masked ? (j & row.mask[t]) : j));
+    return O::template load<Tag>(row.source[t] + j);
   };
   typename O::V bin[B];
 #pragma GCC unroll 8
@@ -120,7 +129,7 @@ inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K
 }
 
 /// Sequential order for the `O::W` columns at offset j: acc = +0.0; acc += each present addend.
-template <class O, class Tag, bool Stream, int KC = 0, bool Masked = false>
+template <class O, class Tag, bool Stream, int KC = 0>
 inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int64_t K_, int64_t j,
                                typename Tag::storage* out) {
   const int64_t K = KC > 0 ? KC : K_;
@@ -128,23 +137,23 @@ inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int
 #pragma GCC unroll 8
   for (int64_t t = 0; t < K; ++t)
     if (KC > 0 || row.present[t])
-      acc = O::add(acc, O::template load<Tag>(row.source[t] + (Masked ? (j & row.mask[t]) : j)));
+      acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
   O::template store<Tag, Stream>(out + j, acc);
 }
 
-template <class O, class Tag, int B, bool Stream = false, int KC = 0, bool Masked = false>
+template <class O, class Tag, int B, bool Stream = false, int KC = 0>
 inline void columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t j,
                     typename Tag::storage* out, bool sequential) {
   if (sequential)
-    sequential_columns<O, Tag, Stream, KC, Masked>(row, K, j, out);
+    sequential_columns<O, Tag, Stream, KC>(row, K, j, out);
   else
-    tree_columns<O, Tag, B, Stream, KC, Masked>(row, K, j, out);
+    tree_columns<O, Tag, B, Stream, KC>(row, K, j, out);
 }
 
 /// Columns [c0, c1) of one output row: a cache line of columns per step, then vector and scalar
 /// tails. Large outputs bypass the caches (non-temporal stores): no read-for-ownership of lines
 /// that are overwritten whole; that needs the vector stores aligned.
-template <class Ops, class Tag, int B, int KC, bool Masked>
+template <class Ops, class Tag, int B, int KC>
 inline void row_columns(const RowAddends<typename Tag::storage>& row, int64_t K, int64_t c0,
                         int64_t c1, typename Tag::storage* out, bool sequential,
                         bool stream_output) {
@@ -154,15 +163,15 @@ inline void row_columns(const RowAddends<typename Tag::storage>& row, int64_t K,
   if (stream_output && (reinterpret_cast<uintptr_t>(out + c0) % 32) == 0) {
     for (; j + kStep <= c1; j += kStep)
       for (int64_t v = 0; v < kStep; v += Ops::W)
-        columns<Ops, Tag, B, true, KC, Masked>(row, K, j + v, out, sequential);
+        columns<Ops, Tag, B, true, KC>(row, K, j + v, out, sequential);
   } else {
     for (; j + kStep <= c1; j += kStep)
       for (int64_t v = 0; v < kStep; v += Ops::W)
-        columns<Ops, Tag, B, false, KC, Masked>(row, K, j + v, out, sequential);
+        columns<Ops, Tag, B, false, KC>(row, K, j + v, out, sequential);
   }
   for (; j + Ops::W <= c1; j += Ops::W)
-    columns<Ops, Tag, B, false, KC, Masked>(row, K, j, out, sequential);
-  for (; j < c1; ++j) columns<ScalarOps, Tag, B, false, KC, Masked>(row, K, j, out, sequential);
+    columns<Ops, Tag, B, false, KC>(row, K, j, out, sequential);
+  for (; j < c1; ++j) columns<ScalarOps, Tag, B, false, KC>(row, K, j, out, sequential);
 }
 
 /// Fills `row` with the addends of output row i (sources offset to column 0).
@@ -187,6 +196,7 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
   const S* source = static_cast<const S*>(args.grad_expanded_x);
   S* output = static_cast<S*>(args.grad_x);
   RowAddends<S> row;
+  NeutralRows<S> neutral;  // filled on the first row that needs it
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t i = unit / args.tiles_per_row;
     const int64_t c0 = (unit % args.tiles_per_row) * args.tile_width;
@@ -197,21 +207,26 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
     for (int64_t t = 0; t < K; ++t) dense = dense && row.present[t];
     // The common top_k values take loops with K fixed at compile time (the same additions in the
     // same order, without a branch per addend): dense rows read their addends directly, rows
-    // with absent addends through masks. KC is only used with the bin count of its tree order
-    // (or with the sequential order, B = 1).
+    // with absent addends read those from neutral rows (NeutralRows), chunk by chunk. KC is only
+    // used with the bin count of its tree order (or with the sequential order, B = 1).
     auto run = [&](auto kc) {
       constexpr int KC = decltype(kc)::value;
       if (KC == 0 || dense) {
-        row_columns<Ops, Tag, B, KC, false>(row, K, c0, c1, out, sequential, args.stream_output);
+        row_columns<Ops, Tag, B, KC>(row, K, c0, c1, out, sequential, args.stream_output);
         return;
       }
+      neutral.fill();
+      const S* base[32];
       for (int64_t t = 0; t < K; ++t) {
-        row.mask[t] = row.present[t] ? -1 : 0;
+        base[t] = row.source[t];
         if (!row.present[t])  // the tree order seeds bin b with addend 2b (b < B)
-          row.source[t] = !sequential && t % 2 == 0 && t < 2 * B ? NeutralElements<S>::plus_zero
-                                                                 : NeutralElements<S>::minus_zero;
+          base[t] = !sequential && t % 2 == 0 && t < 2 * B ? neutral.plus_zero : neutral.minus_zero;
       }
-      row_columns<Ops, Tag, B, KC, true>(row, K, c0, c1, out, sequential, args.stream_output);
+      for (int64_t cc = c0; cc < c1; cc += kNeutralColumns) {
+        const int64_t width = (c1 - cc) < kNeutralColumns ? (c1 - cc) : kNeutralColumns;
+        for (int64_t t = 0; t < K; ++t) row.source[t] = row.present[t] ? base[t] + cc : base[t];
+        row_columns<Ops, Tag, B, KC>(row, K, 0, width, out + cc, sequential, args.stream_output);
+      }
     };
     using std::integral_constant;
     if (K == 8 && (B == 1 || B == tree_shape(8).bins)) {
