@@ -27,6 +27,11 @@ std::atomic<ParallelForFn>& parallel_backend() {
   return backend;
 }
 
+std::atomic<int64_t>& backend_min_bytes_per_thread() {
+  static std::atomic<int64_t> bytes{detail::kMinBytesPerThread};
+  return bytes;
+}
+
 std::atomic<int>& default_threads() {
   static std::atomic<int> value{initial_default_threads()};
   return value;
@@ -147,11 +152,21 @@ void set_num_threads(int num_threads) {
 
 int get_num_threads() { return default_threads().load(); }
 
-void set_parallel_backend(ParallelForFn parallel_for) { parallel_backend().store(parallel_for); }
+void set_parallel_backend(ParallelForFn parallel_for, int64_t min_bytes_per_thread) {
+  backend_min_bytes_per_thread().store(parallel_for == nullptr ? detail::kMinBytesPerThread
+                                                               : std::max<int64_t>(1, min_bytes_per_thread));
+  parallel_backend().store(parallel_for);
+}
 
 namespace detail {
 
 int resolve_num_threads(int requested) { return requested > 0 ? requested : get_num_threads(); }
+
+int threads_for_bytes(int threads, int64_t bytes) {
+  const int64_t useful = bytes / backend_min_bytes_per_thread().load(std::memory_order_relaxed);
+  if (useful < 1) return 1;
+  return useful < threads ? int(useful) : threads;
+}
 
 void reserve_threads(int num_threads) { ThreadPool::instance().reserve(num_threads); }
 

@@ -13,18 +13,16 @@ namespace moe_routing::detail {
 /// The thread count a call runs with: `requested` if > 0, else the library default.
 int resolve_num_threads(int requested);
 
-/// Work smaller than this per thread is not worth waking a thread for. Measured on a 2-vCPU VM,
-/// where handing half of a job to a sleeping vCPU (wake-up, and the data moving to the other
-/// core's caches) costs 30-40 us - about as long as moving 1-2 MB; below ~4 MB per call one
-/// thread was faster than two for both operators.
+/// Work smaller than this per thread is not worth waking one of the built-in pool's threads for.
+/// Measured on a 2-vCPU VM, where handing half of a job to a sleeping vCPU (wake-up, and the data
+/// moving to the other core's caches) costs 30-40 us - about as long as moving 1-2 MB; below
+/// ~4 MB per call one thread was faster than two for both operators. A host pool
+/// (set_parallel_backend) brings its own threshold.
 constexpr int64_t kMinBytesPerThread = int64_t(2) << 20;
 
-/// The threads worth using for a job that moves `bytes`: at most `threads`, at least 1.
-inline int threads_for_bytes(int threads, int64_t bytes) {
-  const int64_t useful = bytes / kMinBytesPerThread;
-  if (useful < 1) return 1;
-  return useful < threads ? int(useful) : threads;
-}
+/// The threads worth using for a job that moves `bytes`: at most `threads`, at least 1, one per
+/// kMinBytesPerThread (or the host pool's threshold).
+int threads_for_bytes(int threads, int64_t bytes);
 
 /// A non-owning reference to a callable taking (begin, end): unlike std::function it never
 /// allocates, so a kernel's parallel loops allocate nothing (the C ABI's phase two promises that).

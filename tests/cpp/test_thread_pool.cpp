@@ -79,5 +79,24 @@ TEST(ThreadPool, HostParallelBackendRunsTheKernelsLoops) {
   EXPECT_EQ(host_calls.load(), 0) << "null restores the built-in pool";
 }
 
+// How many threads a job of a given size gets: one per 2 MiB with the built-in pool (its workers
+// sleep), one per the host's threshold (256 KiB by default) with a host pool; null restores 2 MiB.
+TEST(ThreadPool, ThreadsForBytesFollowTheInstalledPool) {
+  constexpr int64_t KiB = 1024, MiB = 1024 * 1024;
+  EXPECT_EQ(detail::threads_for_bytes(4, 3 * MiB), 1);
+  EXPECT_EQ(detail::threads_for_bytes(4, 5 * MiB), 2);
+  EXPECT_EQ(detail::threads_for_bytes(4, 100 * MiB), 4);
+  EXPECT_EQ(detail::threads_for_bytes(4, 0), 1);
+  set_parallel_backend(&reverse_serial_parallel_for);
+  EXPECT_EQ(detail::threads_for_bytes(4, 300 * KiB), 1);
+  EXPECT_EQ(detail::threads_for_bytes(4, 600 * KiB), 2);
+  EXPECT_EQ(detail::threads_for_bytes(4, 3 * MiB), 4);
+  set_parallel_backend(&reverse_serial_parallel_for, 64 * KiB);
+  EXPECT_EQ(detail::threads_for_bytes(4, 130 * KiB), 2);
+  set_parallel_backend(nullptr);
+  EXPECT_EQ(detail::threads_for_bytes(4, 3 * MiB), 1);
+  EXPECT_EQ(detail::threads_for_bytes(4, 5 * MiB), 2);
+}
+
 }  // namespace
 }  // namespace moe_routing

@@ -95,7 +95,9 @@ TensorView optional_view(const char* op, const char* name, const at::Tensor& t) 
 /// and ours fight over the same cores (a 128-token forward ran 1.5x slower right after a PyTorch
 /// op). This file must be compiled with OpenMP for that (python/CMakeLists.txt): at::parallel_for
 /// is a header template whose `#pragma omp parallel` is otherwise ignored, running every loop
-/// serially. _parallel_loop_threads lets the tests check it.
+/// serially. _parallel_loop_threads lets the tests check it. OpenMP's workers spin between jobs
+/// and start a piece in microseconds, so the kernels split work from 256 KiB per thread (the
+/// default of set_parallel_backend) instead of the built-in pool's 2 MiB.
 void torch_parallel_for(int64_t num_tasks, int max_pieces,
                         void (*task)(void* context, int64_t begin, int64_t end), void* context) {
   const int64_t grain = (num_tasks + max_pieces - 1) / max_pieces;  // at most max_pieces pieces
