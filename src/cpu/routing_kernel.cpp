@@ -88,6 +88,32 @@ inline void copy_row(char* dst, const char* src, size_t bytes, bool stream, bool
 #endif
 }
 
+/// Zeroes a row; `stream`: with non-temporal stores where the destination is aligned (as
+/// copy_row: a large output's empty rows then cost no read-for-ownership and evict nothing).
+inline void zero_row(char* dst, size_t bytes, bool stream) {
+#if defined(__SSE2__)
+  if (stream) {
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    if (head < bytes) {
+      std::memset(dst, 0, head);
+      size_t i = head;
+      const __m128i zero = _mm_setzero_si128();
+      for (; i + 64 <= bytes; i += 64) {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), zero);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), zero);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), zero);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), zero);
+      }
+      for (; i + 16 <= bytes; i += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), zero);
+      std::memset(dst + i, 0, bytes - i);
+      return;
+    }
+  }
+#endif
+  (void)stream;
+  std::memset(dst, 0, bytes);
+}
+
 inline void stream_fence() {
 #if defined(__SSE2__)
   _mm_sfence();
@@ -142,8 +168,9 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Quan
 template <DType kDtype>
 class RowWriter {
  public:
-  RowWriter(const RoutingProblem& pr, const quantize::StaticParams& static_params, bool avx2)
-      : pr_(pr), static_params_(static_params), avx2_(avx2) {}
+  RowWriter(const RoutingProblem& pr, const quantize::StaticParams& static_params, bool avx2,
+            bool stream)
+      : pr_(pr), static_params_(static_params), avx2_(avx2), stream_(stream) {}
 
   /// Row `dest` from pair p, zeros when p == -1, untouched when p == -2 (written elsewhere).
   void write(int64_t dest, int64_t p) const {
@@ -152,8 +179,8 @@ class RowWriter {
     if (p < 0) {
       const size_t out_size = pr_.quant_mode == -1 ? dtype_size(pr_.x_dtype) : 1;
       if (H > 0)
-        std::memset(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * out_size, 0,
-                    size_t(H) * out_size);
+        zero_row(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * out_size,
+                 size_t(H) * out_size, stream_);
       if (pr_.expanded_scale != nullptr) pr_.expanded_scale[dest] = 0.0f;
       if (pr_.expanded_topk_weight != nullptr) pr_.expanded_topk_weight[dest] = 0.0f;
       return;
@@ -164,7 +191,7 @@ class RowWriter {
       if (H > 0)
         copy_row(static_cast<char*>(pr_.expanded_x) + size_t(dest * H) * size,
                  static_cast<const char*>(pr_.x) + size_t(token * H) * size, size_t(H) * size,
-                 false, avx2_);
+                 stream_, avx2_);
       if (pr_.expanded_scale != nullptr) pr_.expanded_scale[dest] = pr_.scale[token];
     } else if (pr_.quant_mode == 0) {
       int8_t* out = static_cast<int8_t*>(pr_.expanded_x) + dest * H;
@@ -196,16 +223,20 @@ class RowWriter {
   const RoutingProblem& pr_;
   quantize::StaticParams static_params_;
   bool avx2_;
+  bool stream_;  // non-temporal stores for plain copies and zero rows
 };
 
 /// source(d) gives the pair of destination row d (or -1); rows [0, rows) are written in parallel.
 template <DType kDtype, class Source>
 void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& static_params,
                    int64_t first, int64_t rows, int num_threads, bool avx2, const Source& source) {
-  const RowWriter<kDtype> writer(pr, static_params, avx2);
+  const size_t row_bytes = size_t(pr.hidden) * (pr.quant_mode == -1 ? dtype_size(pr.x_dtype) : 1);
+  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= detail::streaming_store_threshold();
+  const RowWriter<kDtype> writer(pr, static_params, avx2, stream);
   parallel_range(rows - first, num_threads, [&](int64_t begin, int64_t end) {
     DefaultFloatEnvironment float_environment;
     for (int64_t d = first + begin; d < first + end; ++d) writer.write(d, source(d));
+    stream_fence();
   });
 }
 
