@@ -66,8 +66,8 @@ venv: $(VENV)/.installed
 python: venv
 	$(VENV_PY) -m pip install -q --no-build-isolation --no-deps .
 
-test-python: python
-	cd tests/python && ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
+test-python: python build
+	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
 
 test: test-cpp test-asan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"

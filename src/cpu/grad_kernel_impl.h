@@ -187,6 +187,13 @@ inline void gather_row_addends(const GradKernelArgs& args, const S* source, int6
   }
 }
 
+/// Each output row starts K new short streams at random rows, and the hardware prefetchers only
+/// pick a stream up after its first misses. So while row i is summed, the first lines of row
+/// i + 1's addends are requested. Measured (paired, cold caches, 2 threads, bf16): 4 lines
+/// (256 bytes) per addend took 3-14% off the dropless backward at H = 2048 and 4096 and ~3% at
+/// 7168; 2 or 8 lines did less.
+constexpr int kPrefetchLines = 4;
+
 template <class Ops, class Tag, int B>
 void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
   using S = typename Tag::storage;
@@ -202,6 +209,17 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
     const int64_t c0 = (unit % args.tiles_per_row) * args.tile_width;
     const int64_t c1 = (H - c0) < args.tile_width ? H : c0 + args.tile_width;
     gather_row_addends(args, source, i, &row);
+    if (c0 == 0 && i + 1 < plan.num_rows) {
+      const int64_t row_lines = (H * int64_t(sizeof(S)) + 63) / 64;  // stay inside the row
+      const int lines = row_lines < kPrefetchLines ? int(row_lines) : kPrefetchLines;
+      const int32_t* next = args.expanded_row_idx + (i + 1) * K;
+      for (int64_t t = 0; t < K; ++t) {
+        const int64_t r = next[t];
+        if (r == -1 || r >= plan.skip_from) continue;
+        const char* start = reinterpret_cast<const char*>(source + r * H);
+        for (int l = 0; l < lines; ++l) __builtin_prefetch(start + 64 * l, 0, 3);
+      }
+    }
     S* out = output + i * H;
     bool dense = true;
     for (int64_t t = 0; t < K; ++t) dense = dense && row.present[t];
