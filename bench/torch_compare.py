@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import statistics
 import sys
 import time
@@ -35,12 +36,19 @@ SHAPES = {  # hidden, experts, top_k
 }
 
 
-def median_seconds(fns, runs):
+def median_seconds(fns, runs, min_seconds=0.3, max_runs=501):
     """Median time of each function, measured interleaved: every run calls each function once
     (rotating which goes first), so a shared machine drifting between phases - its bandwidth
-    changes by tens of percent over seconds - slows all of them alike and the ratios hold."""
+    changes by tens of percent over seconds - slows all of them alike and the ratios hold.
+    At least `runs` runs, and more for fast calls (up to max_runs) until the functions have run
+    for about min_seconds: a median of 7 sub-millisecond calls moved by 20% between runs."""
     for fn in fns:
         fn()  # warm-up (also faults in any output pages)
+    start = time.perf_counter()
+    for fn in fns:
+        fn()
+    per_run = max(time.perf_counter() - start, 1e-9)
+    runs = max(runs, min(max_runs, math.ceil(min_seconds / per_run)))
     times = [[] for _ in fns]
     for r in range(runs):
         for k in range(len(fns)):
@@ -139,7 +147,8 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default="deepseek-v3,qwen3-235b,qwen3-30b,mixtral")
     parser.add_argument("--tokens", default="1,16,128,1024,4096")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=7,
+                        help="runs per measurement at least (fast calls get more, up to 501: ~0.3 s each)")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
     parser.add_argument("--plot", default="", help="write a PNG plot of GB/s against tokens")
     parser.add_argument("--csv", default="")
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
             print(f"[torch_compare {len(rows) // 2 + 1}/{total}] {shape} N={n}", file=sys.stderr, flush=True)
             rows.extend(measure(shape, n, dtype, args.runs, gen))
     print(f"moe_routing vs PyTorch {torch.__version__} eager, {args.dtype}, {torch.get_num_threads()} threads, "
-          f"median of {args.runs} runs")
+          f"median of >= {args.runs} runs (calls under ~40 ms: more, ~0.3 s of each)")
     print(f"{'op':9} {'shape':12} {'N':>6} {'ours ms':>9} {'alloc ms':>9} {'torch ms':>9} {'ours GB/s':>10} "
           f"{'torch GB/s':>11} {'speedup':>8}  torch expression")
     for r in rows:
