@@ -40,15 +40,15 @@ def median_seconds(fns, runs, min_seconds=0.3, max_runs=501):
     """Median time of each function, measured interleaved: every run calls each function once
     (rotating which goes first), so a shared machine drifting between phases - its bandwidth
     changes by tens of percent over seconds - slows all of them alike and the ratios hold.
-    At least `runs` runs, and more for fast calls (up to max_runs) until the functions have run
-    for about min_seconds: a median of 7 sub-millisecond calls moved by 20% between runs."""
+    At least `runs` runs, and more for fast calls (up to max_runs), so that each function runs for
+    about min_seconds on average: a median of 7 sub-millisecond calls moved by 20% between runs."""
     for fn in fns:
         fn()  # warm-up (also faults in any output pages)
     start = time.perf_counter()
     for fn in fns:
         fn()
     per_run = max(time.perf_counter() - start, 1e-9)
-    runs = max(runs, min(max_runs, math.ceil(min_seconds / per_run)))
+    runs = max(runs, min(max_runs, math.ceil(min_seconds * len(fns) / per_run)))
     times = [[] for _ in fns]
     for r in range(runs):
         for k in range(len(fns)):

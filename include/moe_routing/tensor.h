@@ -98,7 +98,8 @@ using ParallelForFn = void (*)(int64_t num_tasks, int max_pieces,
 /// (null restores the built-in pool). A framework with its own pool installs its loop so that two
 /// pools never compete for the same cores: the torch extension installs at::parallel_for, whose
 /// OpenMP workers otherwise keep spinning on the cores our workers need right after each PyTorch
-/// operator. Not for use while operators are running on other threads.
+/// operator. Not for use while operators are running on other threads. The C ABI's promise that
+/// phase two allocates nothing holds for the built-in pool; a host loop may allocate.
 ///
 /// `min_bytes_per_thread`: a kernel uses another thread only for at least this much memory
 /// traffic per thread. The built-in pool's sleeping workers take tens of microseconds to wake

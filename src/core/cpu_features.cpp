@@ -74,7 +74,8 @@ bool read_small_file(const char* path, char* text, size_t capacity) {
 }
 
 /// Bytes of one instance of CPU 0's highest-level data (or unified) cache as Linux describes it in
-/// sysfs - the share one core can fill; 0 if unknown. sysconf(_SC_LEVEL3_CACHE_SIZE) is no
+/// sysfs - the share one core can fill - if that is an L3 or beyond; 0 otherwise (machines whose
+/// sysfs lists no L3 often have one it does not describe). sysconf(_SC_LEVEL3_CACHE_SIZE) is no
 /// substitute: on AMD EPYC it reports the whole package's L3 (256 MiB on the machine measured,
 /// whose cores each see a 32 MiB L3), which kept outputs up to 256 MiB on cached stores.
 int64_t sysfs_last_level_cache_bytes() {
@@ -99,7 +100,7 @@ int64_t sysfs_last_level_cache_bytes() {
       best_bytes = int64_t(value) << shift;
     }
   }
-  return best_bytes;
+  return best_level >= 3 ? best_bytes : 0;
 }
 
 int64_t default_streaming_store_threshold() {

@@ -49,7 +49,8 @@ void reserve_threads(int num_threads);
 
 /// Calls fn(begin, end) on contiguous pieces covering [0, num_tasks), using up to `num_threads`
 /// threads (the caller's included). Returns when every piece is done. When the pool is busy with
-/// another call (concurrent or nested use) the work runs inline on the calling thread.
+/// another call (concurrent or nested use) the work runs inline on the calling thread. With a
+/// host loop installed (set_parallel_backend) every multi-threaded call goes to the host instead.
 void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn);
 
 }  // namespace moe_routing::detail

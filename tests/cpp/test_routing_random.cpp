@@ -192,19 +192,31 @@ TEST(RoutingRandom, StreamingThresholdIsAtLeast8MiB) {
   EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
 }
 
-// Where Linux describes CPU 0's L3 in sysfs, the threshold is that instance's size (not
-// sysconf's, which on AMD EPYC is the whole package's: 256 MiB against 32 MiB per core).
-TEST(RoutingRandom, StreamingThresholdIsTheL3InstanceSizeFromSysfs) {
-  std::ifstream level("/sys/devices/system/cpu/cpu0/cache/index3/level");
-  std::ifstream size("/sys/devices/system/cpu/cpu0/cache/index3/size");
-  int level_value = 0;
-  std::string size_text;
-  if (level >> level_value && size >> size_text && level_value == 3 && !size_text.empty() &&
-      size_text.back() == 'K') {
-    const int64_t bytes = std::stoll(size_text) * 1024;
-    EXPECT_EQ(detail::streaming_store_threshold(), std::max<int64_t>(bytes, int64_t(8) << 20))
-        << "sysfs L3 size " << size_text;
-  } else {  // no such description: sysconf or the 32 MiB default, never below 8 MiB
+// Where Linux describes CPU 0's caches in sysfs and the highest level is an L3 or beyond, the
+// threshold is that cache instance's size (not sysconf's, which on AMD EPYC is the whole
+// package's: 256 MiB against 32 MiB per core).
+TEST(RoutingRandom, StreamingThresholdIsTheLastLevelCacheInstanceFromSysfs) {
+  int best_level = 0;
+  int64_t best_bytes = 0;
+  for (int index = 0; index < 16; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream type_file(dir + "type"), level_file(dir + "level"), size_file(dir + "size");
+    std::string type, size_text;
+    int level = 0;
+    if (!(type_file >> type)) break;
+    if (type == "Instruction" || !(level_file >> level) || !(size_file >> size_text)) continue;
+    const int64_t value = std::stoll(size_text);
+    const char unit = size_text.back();
+    const int64_t bytes = unit == 'K' ? value << 10 : unit == 'M' ? value << 20 : unit == 'G' ? value << 30 : value;
+    if (level > best_level) {
+      best_level = level;
+      best_bytes = bytes;
+    }
+  }
+  if (best_level >= 3) {
+    EXPECT_EQ(detail::streaming_store_threshold(), std::max<int64_t>(best_bytes, int64_t(8) << 20))
+        << "sysfs L" << best_level << " size " << best_bytes;
+  } else {  // no L3 described: sysconf or the 32 MiB default, never below 8 MiB
     EXPECT_GE(detail::streaming_store_threshold(), int64_t(8) << 20);
   }
 }

@@ -78,7 +78,7 @@ def test_non_contiguous_inputs():
 
 def test_thread_count_does_not_change_bits():
     gen = torch.Generator().manual_seed(2)
-    # 8 MB of gradient rows: enough for the kernel to use both threads (>= 2 MiB each)
+    # 8 MB of gradient rows: enough for the kernel to split its loops over both threads
     g, idx, _ = random_grad_case("dropless", torch.bfloat16, 512, 8, 1024, gen)
     before = torch.get_num_threads()
     try:
@@ -95,6 +95,8 @@ def test_kernels_loops_run_on_pytorchs_threads():
     # The CPU kernels' parallel loops run on PyTorch's intra-op pool (at::parallel_for). With
     # PyTorch's OpenMP backend that needs the extension compiled with OpenMP: without it every
     # loop silently ran on the calling thread only.
+    assert torch.ops.moe_routing._uses_torch_pool(), \
+        "this build keeps the library's own pool (see the warning of python/CMakeLists.txt)"
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

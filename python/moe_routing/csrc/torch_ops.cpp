@@ -3,6 +3,7 @@
 // fake tensors come from python/moe_routing/_fake.py, which mirrors the core's shape inference
 // symbolically (tests compare the two).
 #include <ATen/ATen.h>
+#include <ATen/Config.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -105,10 +106,22 @@ void torch_parallel_for(int64_t num_tasks, int max_pieces,
                    [&](int64_t begin, int64_t end) { task(context, begin, end); });
 }
 
+// With PyTorch's OpenMP backend at::parallel_for is parallel only in a file compiled with
+// OpenMP; python/CMakeLists.txt links it where that gives one OpenMP runtime (GCC and a torch
+// whose libgomp has the standard name). Otherwise the kernels keep the library's own pool.
+#if defined(_OPENMP) || !AT_PARALLEL_OPENMP
+constexpr bool kUseTorchPool = true;
+#else
+constexpr bool kUseTorchPool = false;
+#endif
+
 [[maybe_unused]] const bool kParallelBackendInstalled = [] {
-  moe_routing::set_parallel_backend(&torch_parallel_for);
-  return true;
+  if (kUseTorchPool) moe_routing::set_parallel_backend(&torch_parallel_for);
+  return kUseTorchPool;
 }();
+
+/// Whether the kernels' loops run on PyTorch's pool in this build (see kUseTorchPool).
+bool uses_torch_pool() { return kUseTorchPool; }
 
 /// How many distinct threads ran the pieces of a loop of `num_tasks` tasks through
 /// torch_parallel_for with as many pieces as PyTorch's thread count (a check of the build: with
@@ -357,6 +370,7 @@ TORCH_LIBRARY(moe_routing, m) {
       "Tensor(e!) expanded_topk_weight) -> ()");
   // Internal: a check that the kernels' loops really run on several of PyTorch's threads.
   m.def("_parallel_loop_threads(int num_tasks) -> int", &parallel_loop_threads);
+  m.def("_uses_torch_pool() -> bool", &uses_torch_pool);
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) {
