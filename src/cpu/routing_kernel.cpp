@@ -164,6 +164,14 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Quan
   return sc;
 }
 
+/// Whether expanded_x is large enough to be written with non-temporal stores (core/memory_hints.h).
+bool streams_expanded_x(const RoutingProblem& pr) {
+  const double element = pr.quant_mode == -1 ? double(dtype_size(pr.x_dtype)) : 1.0;  // int8 when quantised
+  // In double: an empty x may come with any hidden size, whose byte count overflows int64.
+  return double(pr.hidden) * element * double(pr.expanded_rows) >=
+         double(detail::streaming_store_threshold());
+}
+
 /// Writes destination rows of every row-shaped output; kDtype is x's dtype (quantised paths).
 template <DType kDtype>
 class RowWriter {
@@ -230,9 +238,7 @@ class RowWriter {
 template <DType kDtype, class Source>
 void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& static_params,
                    int64_t first, int64_t rows, int num_threads, bool avx2, const Source& source) {
-  const size_t row_bytes = size_t(pr.hidden) * (pr.quant_mode == -1 ? dtype_size(pr.x_dtype) : 1);
-  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= detail::streaming_store_threshold();
-  const RowWriter<kDtype> writer(pr, static_params, avx2, stream);
+  const RowWriter<kDtype> writer(pr, static_params, avx2, streams_expanded_x(pr));
   parallel_range(rows - first, num_threads, [&](int64_t begin, int64_t end) {
     DefaultFloatEnvironment float_environment;
     for (int64_t d = first + begin; d < first + end; ++d) writer.write(d, source(d));
@@ -265,7 +271,7 @@ void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_wi
                   int num_threads, bool avx2) {
   const int64_t K = pr.top_k, H = pr.hidden;
   const size_t row_bytes = size_t(H) * dtype_size(pr.x_dtype);
-  const bool stream = int64_t(row_bytes) * pr.expanded_rows >= detail::streaming_store_threshold();
+  const bool stream = streams_expanded_x(pr);
   const int64_t limit = pr.drop_pad ? pr.expanded_rows : rows_with_data;
   parallel_range(pr.num_rows, num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {

@@ -242,19 +242,15 @@ TEST_F(NoAllocation, CppApiWithWorkspace) {
   std::vector<unsigned char> workspace(size_t(moe_init_routing_v2_workspace_size(plan, 3)));
   config.workspace = workspace.data();
   config.workspace_bytes = workspace.size();
-  // Warm up: the pool starts its threads on first need.
-  Status status = moe_init_routing_v2(xv, iv, attrs, TensorView(out.data(), DType::float16, {kTokens * kTopK, kHidden}),
-                                      TensorView(row_idx.data(), DType::int32, {kTokens * kTopK}),
-                                      TensorView(counts.data(), DType::int32, {kExperts}), TensorView(),
-                                      config);
+  Status status;
+  auto call = [&] {
+    status = moe_init_routing_v2(xv, iv, attrs, TensorView(out.data(), DType::float16, {kTokens * kTopK, kHidden}),
+                                 TensorView(row_idx.data(), DType::int32, {kTokens * kTopK}),
+                                 TensorView(counts.data(), DType::int32, {kExperts}), TensorView(), config);
+  };
+  call();  // warm up: the pool starts its threads on first need
   ASSERT_TRUE(status.is_ok()) << status.message();
-  EXPECT_EQ(allocations_during([&] {
-              status = moe_init_routing_v2(
-                  xv, iv, attrs, TensorView(out.data(), DType::float16, {kTokens * kTopK, kHidden}),
-                  TensorView(row_idx.data(), DType::int32, {kTokens * kTopK}),
-                  TensorView(counts.data(), DType::int32, {kExperts}), TensorView(), config);
-            }),
-            0);
+  EXPECT_EQ(allocations_during(call), 0);
   EXPECT_TRUE(status.is_ok()) << status.message();
   for (int32_t c : counts) EXPECT_EQ(c, kTokens * kTopK / kExperts);
 }
