@@ -176,7 +176,7 @@ TEST(GradRandom, LargeOutputsTakeTheStreamingStorePathBitExactly) {
   // H also makes every other row unaligned, so both store paths run in one call.
   const testing::StreamingThresholdOverride threshold(int64_t(8) << 20);
   testing::Random rng(41);
-  for (DType dtype : {DType::bfloat16, DType::float32}) {
+  for (DType dtype : {DType::bfloat16, DType::float16, DType::float32}) {
     const int64_t h = dtype == DType::float32 ? 1029 : 2053;
     testing::GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 2048, 2, h);
     ASSERT_GE(int64_t(c.num_rows * h * dtype_size(dtype)), int64_t(8) << 20);
