@@ -9,7 +9,9 @@ a reader sees the spread of "% of copy" across phases, not one draw:
 
 Prints, per operator, scenario, shape and token count: the median, minimum and maximum over the
 runs of the fraction of copy bandwidth and of the row's limit (see `moe-routing bench --help`),
-with the copy bandwidth each was measured against. Any other flag is passed to the bench.
+the median of the highest fraction of copy the bandwidths measured next to the row allow (a
+kernel reaching its limit), and the copy bandwidth each was measured against. Any other flag is
+passed to the bench.
 """
 from __future__ import annotations
 
@@ -52,15 +54,17 @@ def main(argv=None) -> int:
             rows.setdefault(key, []).append(row)
 
     def spread(values: list[float]) -> str:
-        return f"{statistics.median(values) * 100:5.1f}% {min(values) * 100:5.1f}-{max(values) * 100:5.1f}%"
+        return f"{statistics.median(values) * 100:5.1f}% ({min(values) * 100:.1f}-{max(values) * 100:.1f})"
 
     print(f"moe-routing bench, {args.runs} runs: median and range over the runs (CSV files in {directory})")
     print(f"{'op':<13} {'scenario':<9} {'shape':<12} {'N':>5}  {'% of copy (med, min-max)':<25} "
-          f"{'% of limit (med, min-max)':<25} copy GB/s (min-max)")
+          f"{'max % of copy (med)':<20} {'% of limit (med, min-max)':<25} copy GB/s (min-max)")
     for key, group in rows.items():
         copy = [float(g["copy_gbps"]) for g in group]
+        ceiling = statistics.median(float(g["ceiling_fraction_of_copy"]) for g in group)
         print(f"{key[0]:<13} {key[1]:<9} {key[2]:<12} {key[3]:>5}  "
               f"{spread([float(g['fraction_of_copy']) for g in group]):<25} "
+              f"{ceiling * 100:5.1f}%{'':<14} "
               f"{spread([float(g['fraction_of_limit']) for g in group]):<25} "
               f"{min(copy):.0f}-{max(copy):.0f}")
     return 0

@@ -1281,11 +1281,42 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   std::ifstream again(csv);
   std::getline(again, line);
   EXPECT_NE(line.find("copy_gbps"), std::string::npos) << line;
+  EXPECT_NE(line.find(",ceiling_fraction_of_copy"), std::string::npos) << line;
   while (std::getline(again, line)) {
     std::stringstream fields(line);
     std::string field;
     for (int f = 0; f <= 12; ++f) std::getline(fields, field, ',');  // the 13th: copy_gbps
     EXPECT_GT(std::stod(field), 0.0) << line;
+    // The last: the highest fraction of copy the measured bandwidths allow, in (0, 1].
+    const double ceiling = std::stod(line.substr(line.rfind(',') + 1));
+    EXPECT_GT(ceiling, 0.0) << line;
+    EXPECT_LE(ceiling, 1.0) << line;
+  }
+}
+
+TEST(CliBench, MachineModeReportsBandwidthsAndTheCeilingsTheySet) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"bench", "--machine", "--runs", "1", "--threads", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line : {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_NE(r.out.find("2 threads"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[bench --machine 1/1]"), std::string::npos) << r.err;
+  // One ceiling per operator and top_k, each a percentage in (0, 100].
+  for (const char* key : {"top_k 2: forward", "top_k 8: forward"}) {
+    const size_t at = r.out.find(key);
+    ASSERT_NE(at, std::string::npos) << key << "\n" << r.out;
+    std::stringstream line(r.out.substr(at, r.out.find('\n', at) - at));
+    std::string word;
+    int percentages = 0;
+    while (line >> word)
+      if (word.find('%') != std::string::npos) {  // "69.5%," or "84.2%"
+        const double value = std::stod(word.substr(0, word.find('%')));
+        EXPECT_GT(value, 0.0) << word;
+        EXPECT_LE(value, 100.0) << word;
+        ++percentages;
+      }
+    EXPECT_EQ(percentages, 2) << key << "\n" << r.out;
   }
 }
 

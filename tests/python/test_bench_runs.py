@@ -25,6 +25,10 @@ def test_summarises_every_row_over_the_runs(tmp_path):
         fields = line.split()
         assert fields[2:4] == ["mixtral", "1"]
         assert fields[4].endswith("%") and float(fields[4][:-1]) > 0
+        low, high = (float(v) for v in fields[5].strip("()").split("-"))  # the range over the runs
+        assert 0 < low <= float(fields[4][:-1]) <= high
+        # The median ceiling (highest % of copy the measured bandwidths allow): in (0, 100].
+        assert fields[6].endswith("%") and 0 < float(fields[6][:-1]) <= 100
     assert sorted(os.listdir(tmp_path)) == ["run1.csv", "run2.csv"]
     assert "[bench_runs 2/2]" in done.stderr
 

@@ -1,6 +1,10 @@
 // `moe-routing bench`: time the CPU kernels of both operators over realistic MoE shapes and report
 // them against this machine's copy bandwidth, measured in the same run.
 #include <fcntl.h>
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -72,11 +76,62 @@ bool reset_peak_rss() {
 /// time_call).
 constexpr double kPairEachRunBytes = 64.0 * (1 << 20);
 
-/// This machine's memory bandwidth with `threads` threads over 512 MiB buffers, three ways: a
-/// copy (memcpy: bytes read + bytes written per second) - the ceiling the issue's "% of copy"
-/// is measured against - and, for the per-row limit, reading alone (a sum) and writing alone
-/// (memset). The machines this runs on are often shared, and their bandwidth drifts by tens of
-/// percent over seconds, so the bench measures it next to every row instead of once.
+/// Whether this CPU has CLZERO (AMD: zeroes a whole cache line without reading it or carrying
+/// data from the core), used by `bench --machine` to tell the memory's write speed from the
+/// cores' write path.
+bool cpu_has_clzero() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0x80000000u, &eax, &ebx, &ecx, &edx) == 0 || eax < 0x80000008u) return false;
+  if (__get_cpuid(0x80000008u, &eax, &ebx, &ecx, &edx) == 0) return false;
+  return (ebx & 1u) != 0;
+#else
+  return false;
+#endif
+}
+
+/// Reads [begin, begin + bytes) as `kReadStreams` interleaved streams and returns a sum of it.
+/// Several concurrent streams read faster than one on the machines measured (the backward reads
+/// its K rows this way); the AVX2 version reads a few percent faster than 8-byte loads.
+constexpr int kReadStreams = 8;
+uint64_t read_streams_scalar(const char* begin, size_t bytes) {
+  const size_t per_stream = bytes / 8 / kReadStreams;  // words
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(begin);
+  uint64_t sums[kReadStreams] = {};
+  for (size_t w = 0; w + 2 <= per_stream; w += 2)
+    for (int k = 0; k < kReadStreams; ++k) {
+      const uint64_t* stream = words + size_t(k) * per_stream;
+      sums[k] += stream[w] + stream[w + 1];
+    }
+  uint64_t total = 0;
+  for (uint64_t v : sums) total += v;
+  return total;
+}
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MOE_ROUTING_BENCH_AVX2_READ 1
+__attribute__((target("avx2"))) uint64_t read_streams_avx2(const char* begin, size_t bytes) {
+  const size_t per_stream = bytes / kReadStreams / 64 * 64;
+  __m256i sums[kReadStreams];
+  for (__m256i& v : sums) v = _mm256_setzero_si256();
+  for (size_t i = 0; i < per_stream; i += 64)
+    for (int k = 0; k < kReadStreams; ++k) {
+      const char* line = begin + size_t(k) * per_stream + i;
+      sums[k] = _mm256_add_epi64(sums[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)));
+      sums[k] = _mm256_add_epi64(sums[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)));
+    }
+  __m256i total = sums[0];
+  for (int k = 1; k < kReadStreams; ++k) total = _mm256_add_epi64(total, sums[k]);
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), total);
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+/// This machine's memory bandwidth over 512 MiB buffers, three ways: a copy (memcpy: bytes read
+/// + bytes written per second) - the ceiling the issue's "% of copy" is measured against - and,
+/// for the per-row limit, reading alone (a sum) and writing alone (memset). The machines this
+/// runs on are often shared, and their bandwidth drifts by tens of percent over seconds, so the
+/// bench measures it next to every row instead of once.
 class BandwidthMeter {
  public:
   struct Sample {
@@ -85,29 +140,44 @@ class BandwidthMeter {
   explicit BandwidthMeter(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 2) {
     measure();  // faults the pages in
   }
-  /// Seconds of one copy, one read and one write of the whole buffer.
-  Sample measure() {
+  /// Seconds of one copy, one read and one write of the whole buffer, with the meter's threads
+  /// or with `threads`.
+  Sample measure() { return measure(threads_); }
+  Sample measure(int threads) {
     Sample sample;
-    sample.copy_s = run([this](size_t lo, size_t hi) { std::memcpy(dst_.data() + lo, src_.data() + lo, hi - lo); });
-    // Eight interleaved streams per thread: on the machines measured, several concurrent
-    // streams read faster than one (the backward reads its K rows this way).
-    sample.read_s = run([this](size_t lo, size_t hi) {
-      constexpr int kStreams = 8;
-      const uint64_t* words = reinterpret_cast<const uint64_t*>(src_.data());
-      const size_t per_stream = (hi - lo) / 8 / kStreams;
-      uint64_t sums[kStreams] = {};
-      for (size_t w = 0; w + 2 <= per_stream; w += 2)
-        for (int k = 0; k < kStreams; ++k) {
-          const uint64_t* stream = words + lo / 8 + size_t(k) * per_stream;
-          sums[k] += stream[w] + stream[w + 1];
-        }
-      uint64_t total = 0;
-      for (uint64_t v : sums) total += v;
+    sample.copy_s = run(threads, [this](size_t lo, size_t hi) {
+      std::memcpy(dst_.data() + lo, src_.data() + lo, hi - lo);
+    });
+    sample.read_s = run(threads, [this](size_t lo, size_t hi) {
+#if defined(MOE_ROUTING_BENCH_AVX2_READ)
+      const uint64_t total = avx2_ ? read_streams_avx2(src_.data() + lo, hi - lo)
+                                   : read_streams_scalar(src_.data() + lo, hi - lo);
+#else
+      const uint64_t total = read_streams_scalar(src_.data() + lo, hi - lo);
+#endif
       sink_.fetch_add(total, std::memory_order_relaxed);
     });
-    sample.write_s = run([this](size_t lo, size_t hi) { std::memset(dst_.data() + lo, 3, hi - lo); });
+    sample.write_s = run(threads, [this](size_t lo, size_t hi) { std::memset(dst_.data() + lo, 3, hi - lo); });
     return sample;
   }
+  /// Seconds to zero the whole buffer with CLZERO (cpu_has_clzero() must hold): a write of
+  /// whole lines that carries no data from the core.
+  double zero_lines_s(int threads) {
+    const double seconds = run(threads, [this](size_t lo, size_t hi) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+      // CLZERO clears the aligned line that holds its address: only whole lines of the share.
+      const uintptr_t first = (reinterpret_cast<uintptr_t>(dst_.data() + lo) + 63) & ~uintptr_t(63);
+      char* line = dst_.data() + (first - reinterpret_cast<uintptr_t>(dst_.data()));
+      for (; line + 64 <= dst_.data() + hi; line += 64)
+        asm volatile(".byte 0x0f, 0x01, 0xfc" : : "a"(line) : "memory");  // clzero [rax]
+      asm volatile("sfence" : : : "memory");
+#else
+      (void)lo, (void)hi;
+#endif
+    });
+    return seconds;
+  }
+  static constexpr size_t kBytes = size_t(512) << 20;
   /// Bytes per second from the median of some sample times (a copy counts read + written).
   static double copy_bandwidth(const std::vector<Sample>& samples) {
     return 2.0 * double(kBytes) / median_of(samples, &Sample::copy_s);
@@ -120,7 +190,6 @@ class BandwidthMeter {
   }
 
  private:
-  static constexpr size_t kBytes = size_t(512) << 20;
   static double median_of(const std::vector<Sample>& samples, double Sample::*field) {
     std::vector<double> values;
     for (const Sample& s : samples) values.push_back(s.*field);
@@ -128,21 +197,33 @@ class BandwidthMeter {
   }
   /// Runs fn(lo, hi) over each thread's share of the buffer; returns the seconds taken.
   template <class Fn>
-  double run(const Fn& fn) {
+  double run(int threads, const Fn& fn) {
     const auto start = Clock::now();
     std::vector<std::thread> pool;
-    auto share = [this, &fn](int t) {
-      fn(kBytes * size_t(t) / size_t(threads_), kBytes * size_t(t + 1) / size_t(threads_));
+    auto share = [threads, &fn](int t) {
+      fn(kBytes * size_t(t) / size_t(threads), kBytes * size_t(t + 1) / size_t(threads));
     };
-    for (int t = 1; t < threads_; ++t) pool.emplace_back(share, t);
+    for (int t = 1; t < threads; ++t) pool.emplace_back(share, t);
     share(0);
     for (auto& th : pool) th.join();
     return seconds_since(start);
   }
   int threads_;
+#if defined(MOE_ROUTING_BENCH_AVX2_READ)
+  bool avx2_ = __builtin_cpu_supports("avx2");
+#endif
   std::vector<char> src_, dst_;
   std::atomic<uint64_t> sink_{0};
 };
+
+/// The highest fraction of the copy bandwidth a kernel that reads `reads` bytes and writes
+/// `writes` bytes can reach: its bytes over the longest of all bytes at the copy bandwidth, the
+/// reads at the read bandwidth and the writes at the write bandwidth.
+double ceiling_of_copy(double reads, double writes, double copy_bw, double read_bw, double write_bw) {
+  const double bytes = reads + writes;
+  const double limit_s = std::max({bytes / copy_bw, reads / read_bw, writes / write_bw});
+  return bytes / limit_s / copy_bw;
+}
 
 std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
   std::vector<uint8_t> data(size_t(count) * dtype_size(dtype));
@@ -160,6 +241,7 @@ struct Row {
   double ms = 0, read_bytes = 0, write_bytes = 0, bytes = 0, gbps = 0;
   double copy_gbps = 0, read_gbps = 0, write_gbps = 0;
   double fraction = 0;  // of the copy bandwidth
+  double ceiling = 0;   // the highest fraction of the copy bandwidth these bytes allow
   /// Shortest possible time: the bytes at the copy bandwidth, the reads at the read bandwidth,
   /// the writes at the write bandwidth, whichever is longest.
   double limit_ms = 0;
@@ -179,15 +261,19 @@ class BenchCommand : public Command {
             "right before each timed run of a row moving >= 64 MiB, around the runs of a smaller\n"
             "one: shared machines drift), the shortest time the bytes allow (the copy, read-only\n"
             "and write-only bandwidths, measured the same way, applied to all bytes, the reads and\n"
-            "the writes: the longest of the three) and the fraction of it reached, and the peak\n"
-            "memory the call used beyond its inputs and outputs.\n\n"
+            "the writes: the longest of the three) and the fraction of it reached, the fraction of\n"
+            "copy a kernel taking that shortest time would reach (max%copy: what this machine allows\n"
+            "right now), and the peak memory the call used beyond its inputs and outputs.\n"
+            "--machine measures only the memory: copy, read and write bandwidth with one thread and\n"
+            "with --threads, and the max%copy they allow each operator.\n\n"
             "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
             "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
             "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
             "touched before timing, so page faults are not measured.",
             "moe-routing bench\n"
             "moe-routing bench --op grad --shape deepseek-v3 --tokens 4096 --threads 2\n"
-            "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv"};
+            "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv\n"
+            "moe-routing bench --machine"};
   }
 
   void declare(ArgParser& p) override {
@@ -200,6 +286,10 @@ class BenchCommand : public Command {
     p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0, 1024);
     p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1, 1000);
     p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);
+    p.add_switch("--machine",
+                 "only measure this machine's memory (copy, read, write; 1 and --threads threads; --runs "
+                 "rounds) and the %copy ceilings it sets for both operators",
+                 &machine_);
   }
 
   int run(const ArgParser&) override {
@@ -218,6 +308,7 @@ class BenchCommand : public Command {
                         : dtype_text_ == "fp16" ? DType::float16
                                                 : DType::bfloat16;
     const int threads = threads_ > 0 ? int(threads_) : get_num_threads();
+    if (machine_) return run_machine(threads);
     ExecConfig config;
     config.backend = Backend::cpu;
     config.num_threads = threads;
@@ -271,6 +362,7 @@ class BenchCommand : public Command {
       row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
       row.fraction = row.gbps / row.copy_gbps;
       row.limit_ms = 1e3 * std::max({row.bytes / copy_bw, row.read_bytes / read_bw, row.write_bytes / write_bw});
+      row.ceiling = ceiling_of_copy(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       rows.push_back(row);
       return Status::ok();
     };
@@ -359,30 +451,31 @@ class BenchCommand : public Command {
                 dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
     std::printf("copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each row;\n"
                 "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
-                "%%limit = limit ms / ms\n");
-    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %7s %16s %7s %9s %7s %8s\n", "op", "scenario", "shape",
-                "N", "H", "E", "K", "ms", "MB moved", "GB/s", "copy/read/write", "%copy", "limit ms", "%limit",
-                "extra MB");
+                "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n");
+    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %7s %16s %7s %8s %9s %7s %8s\n", "op", "scenario",
+                "shape", "N", "H", "E", "K", "ms", "MB moved", "GB/s", "copy/read/write", "%copy", "max%copy",
+                "limit ms", "%limit", "extra MB");
     for (const Row& r : rows) {
       char extra[32] = "n/a";
       if (r.extra_memory >= 0) std::snprintf(extra, sizeof extra, "%.2f", double(r.extra_memory) / 1e6);
       char bandwidths[48];
       std::snprintf(bandwidths, sizeof bandwidths, "%.0f/%.0f/%.0f", r.copy_gbps, r.read_gbps, r.write_gbps);
-      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.1f %7.2f %16s %6.1f%% %9.3f %6.1f%% %8s\n",
+      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.1f %7.2f %16s %6.1f%% %7.1f%% %9.3f %6.1f%% %8s\n",
                   r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens, (long long)r.hidden,
                   (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, bandwidths,
-                  100.0 * r.fraction, r.limit_ms, 100.0 * r.limit_ms / r.ms, extra);
+                  100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms, 100.0 * r.limit_ms / r.ms, extra);
     }
     if (!csv_.empty()) {
       std::ofstream out(csv_);
       out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,fraction_of_copy,"
-             "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_bytes\n";
+             "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_bytes,"
+             "ceiling_fraction_of_copy\n";
       for (const Row& r : rows)
         out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden << ','
             << r.experts << ',' << r.top_k << ',' << dtype_name(dtype) << ',' << threads << ',' << r.ms << ','
             << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ',' << r.fraction << ',' << r.read_bytes << ','
             << r.write_bytes << ',' << r.read_gbps << ',' << r.write_gbps << ',' << r.limit_ms << ','
-            << r.limit_ms / r.ms << ',' << r.extra_memory << '\n';
+            << r.limit_ms / r.ms << ',' << r.extra_memory << ',' << r.ceiling << '\n';
       if (!out) return report_error(runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
       std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());
     }
@@ -390,9 +483,64 @@ class BenchCommand : public Command {
   }
 
  private:
+  /// `--machine`: the memory bandwidths with one thread and with `threads`, round by round (so
+  /// each round sees one phase of a shared machine), and the ceilings they set for kernels that
+  /// move bytes in the two operators' proportions.
+  int run_machine(int threads) {
+    BandwidthMeter meter(threads);
+    const bool clzero = cpu_has_clzero();
+    std::vector<int> counts = {1};
+    if (threads > 1) counts.push_back(threads);
+    std::vector<std::vector<BandwidthMeter::Sample>> samples(counts.size());
+    std::vector<std::vector<double>> zero_s(counts.size());
+    for (int64_t r = 0; r < runs_; ++r) {
+      std::fprintf(stderr, "[bench --machine %lld/%lld]\n", (long long)(r + 1), (long long)runs_);
+      for (size_t c = 0; c < counts.size(); ++c) {
+        samples[c].push_back(meter.measure(counts[c]));
+        if (clzero) zero_s[c].push_back(meter.zero_lines_s(counts[c]));
+      }
+    }
+    const double bytes = double(BandwidthMeter::kBytes);
+    std::printf("moe-routing bench --machine: memory bandwidth over 512 MiB buffers, GB/s, median of %lld "
+                "rounds\n",
+                (long long)runs_);
+    std::printf("%-58s", "");
+    for (int count : counts)
+      std::printf(" %17s", (std::to_string(count) + (count == 1 ? " thread" : " threads")).c_str());
+    std::printf("\n");
+    auto line = [&](const char* what, auto value_of) {
+      std::printf("%-58s", what);
+      for (size_t c = 0; c < counts.size(); ++c) std::printf(" %17.1f", value_of(c) / 1e9);
+      std::printf("\n");
+    };
+    line("copy (memcpy; bytes read + bytes written)",
+         [&](size_t c) { return BandwidthMeter::copy_bandwidth(samples[c]); });
+    line("read alone (a sum over 8 streams per thread)",
+         [&](size_t c) { return BandwidthMeter::read_bandwidth(samples[c]); });
+    line("write alone (memset)", [&](size_t c) { return BandwidthMeter::write_bandwidth(samples[c]); });
+    if (clzero)
+      line("write alone, zero lines (CLZERO: no data leaves the core)",
+           [&](size_t c) { return bytes / median(zero_s[c]); });
+    else
+      std::printf("%-58s %17s\n", "write alone, zero lines (CLZERO)", "n/a: no CLZERO");
+    const size_t last = counts.size() - 1;
+    const double copy_bw = BandwidthMeter::copy_bandwidth(samples[last]);
+    const double read_bw = BandwidthMeter::read_bandwidth(samples[last]);
+    const double write_bw = BandwidthMeter::write_bandwidth(samples[last]);
+    std::printf("\nWith %d thread%s these bandwidths let a kernel reach at most this fraction of the copy bandwidth:\n",
+                counts[last], counts[last] == 1 ? "" : "s");
+    for (int k : {2, 8}) {
+      std::printf("  top_k %d: forward (reads 1 byte per %d written) %5.1f%%, backward (reads %d per 1 written) %5.1f%%\n",
+                  k, k, 100.0 * ceiling_of_copy(1.0, double(k), copy_bw, read_bw, write_bw), k,
+                  100.0 * ceiling_of_copy(double(k), 1.0, copy_bw, read_bw, write_bw));
+    }
+    return kExitOk;
+  }
+
   std::string op_ = "all", shape_ = "all", tokens_text_ = "1,128,1024,4096", dtype_text_ = "bf16";
   std::string order_text_ = "tree", csv_;
   int64_t threads_ = 0, runs_ = 7;
+  bool machine_ = false;
 };
 
 }  // namespace
