@@ -11,9 +11,11 @@ Forward (moe_init_routing, dropless, per-expert counts): stable argsort + index_
 preallocated too (out=); "ours alloc" times our operators allocating their outputs, which on the
 CPU pays the page faults of fresh memory on every call.
 Bytes are counted as in `moe-routing bench`: each input read once, each output written once.
-Every run calls each contender once, interleaved, so the ratios are paired measurements ("ours
+Every run calls each contender once, interleaved, and the speedup is the median over the runs of
+the ratio within a run, so each ratio is a paired measurement ("ours
 alloc" is timed on its own: the page faults and unmaps of its fresh outputs would slow whichever
-contender ran next).
+contender ran next). Calls moving >= 64 MiB start from a scrubbed cache (64 MiB read, untimed),
+so none pays for the dirty lines the previous contender left (--no-scrub: without).
 """
 from __future__ import annotations
 
@@ -36,12 +38,32 @@ SHAPES = {  # hidden, experts, top_k
 }
 
 
-def median_seconds(fns, runs, min_seconds=0.3, max_runs=501):
-    """Median time of each function, measured interleaved: every run calls each function once
+# Calls moving at least this many bytes start from a scrubbed cache (see run_times), as the
+# rows of `moe-routing bench` that are paired with a bandwidth measurement do.
+SCRUB_FROM_BYTES = 64 << 20
+_scrub_buffer = None
+
+
+def scrub_cache():
+    """Reads 64 MiB (twice the last-level cache of the machines measured), so that the lines left
+    dirty by the previous call are written back now, untimed, rather than during the next one."""
+    global _scrub_buffer
+    if _scrub_buffer is None:
+        _scrub_buffer = torch.ones(16 << 20, dtype=torch.float32)
+    _scrub_buffer.sum()
+
+
+def run_times(fns, runs, min_seconds=0.3, max_runs=501, scrub=None):
+    """The times of each function's runs, measured interleaved: every run calls each function once
     (rotating which goes first), so a shared machine drifting between phases - its bandwidth
     changes by tens of percent over seconds - slows all of them alike and the ratios hold.
     At least `runs` runs, and more for fast calls (up to max_runs), so that each function runs for
-    about min_seconds on average: a median of 7 sub-millisecond calls moved by 20% between runs."""
+    about min_seconds on average: a median of 7 sub-millisecond calls moved by 20% between runs.
+
+    `scrub`, if given, runs (untimed) before every timed call. Large calls need it for a fair
+    comparison: PyTorch's operators write through the cache and leave up to a cache's worth of
+    dirty lines, ours stream large outputs past it and leave none, so whichever call came next
+    paid for PyTorch's write-backs - always ours with two contenders (each follows the other)."""
     for fn in fns:
         fn()  # warm-up (also faults in any output pages)
     start = time.perf_counter()
@@ -53,10 +75,18 @@ def median_seconds(fns, runs, min_seconds=0.3, max_runs=501):
     for r in range(runs):
         for k in range(len(fns)):
             i = (r + k) % len(fns)
+            if scrub is not None:
+                scrub()
             start = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def paired_speedup(ours, theirs):
+    """Median over the runs of their time / our time in the same run: calls of one run are
+    adjacent in time, so each ratio sees one phase of a shared machine."""
+    return statistics.median(t / o for o, t in zip(ours, theirs))
 
 
 def routing(n, k, e, gen):
@@ -65,7 +95,7 @@ def routing(n, k, e, gen):
     return torch.multinomial(weights.expand(n, e), k, replacement=False, generator=gen).to(torch.int32)
 
 
-def measure(shape, n, dtype, runs, gen):
+def measure(shape, n, dtype, runs, gen, scrub_large=True):
     h, e, k = SHAPES[shape]
     esize = torch.empty((), dtype=dtype).element_size()
     idx = routing(n, k, e, gen)
@@ -101,11 +131,14 @@ def measure(shape, n, dtype, runs, gen):
     # the torch expression computes the same thing: check once
     torch_forward()
     assert torch.equal(out_x, expanded_x) and torch.equal(out_eri, eri), "forward outputs differ"
-    t_ours, t_torch = median_seconds([ours_forward, torch_forward], runs)
-    (t_alloc,) = median_seconds([ours_forward_alloc], runs)  # apart: its page faults and unmaps
+    scrub = scrub_cache if scrub_large and fwd_bytes >= SCRUB_FROM_BYTES else None
+    ours_times, torch_times = run_times([ours_forward, torch_forward], runs, scrub=scrub)
+    (alloc_times,) = run_times([ours_forward_alloc], runs, scrub=scrub)  # apart: its page faults and unmaps
     # would disturb whichever contender runs next
-    results.append(dict(op="forward", shape=shape, tokens=n, ours_s=t_ours, ours_alloc_s=t_alloc, torch_s=t_torch,
-                        torch_expr="argsort+index_select+bincount", bytes=fwd_bytes))
+    results.append(dict(op="forward", shape=shape, tokens=n, ours_s=statistics.median(ours_times),
+                        ours_alloc_s=statistics.median(alloc_times), torch_s=statistics.median(torch_times),
+                        torch_expr="argsort+index_select+bincount", bytes=fwd_bytes,
+                        speedup=paired_speedup(ours_times, torch_times)))
 
     # ---- backward ----
     g = torch.randn(n * k, h, generator=gen).to(dtype)
@@ -133,12 +166,15 @@ def measure(shape, n, dtype, runs, gen):
         out_add.zero_()
         out_add.index_add_(0, token_of_row, g)
 
-    t_ours, t_sel, t_add = median_seconds([ours_backward, torch_select_sum, torch_index_add], runs)
-    (t_alloc,) = median_seconds([ours_backward_alloc], runs)
-    best, expr = (t_sel, "index_select+view+sum") if t_sel <= t_add else (t_add, "index_add_")
-    results.append(dict(op="backward", shape=shape, tokens=n, ours_s=t_ours, ours_alloc_s=t_alloc, torch_s=best,
-                        torch_expr=expr,
-                        bytes=bwd_bytes))
+    scrub = scrub_cache if scrub_large and bwd_bytes >= SCRUB_FROM_BYTES else None
+    ours_times, sel_times, add_times = run_times([ours_backward, torch_select_sum, torch_index_add], runs,
+                                                 scrub=scrub)
+    (alloc_times,) = run_times([ours_backward_alloc], runs, scrub=scrub)
+    best, expr = ((sel_times, "index_select+view+sum") if statistics.median(sel_times) <= statistics.median(add_times)
+                  else (add_times, "index_add_"))
+    results.append(dict(op="backward", shape=shape, tokens=n, ours_s=statistics.median(ours_times),
+                        ours_alloc_s=statistics.median(alloc_times), torch_s=statistics.median(best),
+                        torch_expr=expr, bytes=bwd_bytes, speedup=paired_speedup(ours_times, best)))
     return results
 
 
@@ -152,6 +188,8 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
     parser.add_argument("--plot", default="", help="write a PNG plot of GB/s against tokens")
     parser.add_argument("--csv", default="")
+    parser.add_argument("--no-scrub", action="store_true",
+                        help="do not scrub the cache before each timed call of >= 64 MiB (see run_times)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,15 +204,15 @@ def main(argv=None) -> int:
             parser.error(f"--shapes: unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
         for n in tokens:
             print(f"[torch_compare {len(rows) // 2 + 1}/{total}] {shape} N={n}", file=sys.stderr, flush=True)
-            rows.extend(measure(shape, n, dtype, args.runs, gen))
+            rows.extend(measure(shape, n, dtype, args.runs, gen, scrub_large=not args.no_scrub))
     print(f"moe_routing vs PyTorch {torch.__version__} eager, {args.dtype}, {torch.get_num_threads()} threads, "
-          f"median of >= {args.runs} runs (calls under ~40 ms: more, ~0.3 s of each)")
+          f"median of >= {args.runs} runs (calls under ~40 ms: more, ~0.3 s of each); "
+          f"{'no cache scrub' if args.no_scrub else 'calls moving >= 64 MiB start from a scrubbed cache'}")
     print(f"{'op':9} {'shape':12} {'N':>6} {'ours ms':>9} {'alloc ms':>9} {'torch ms':>9} {'ours GB/s':>10} "
           f"{'torch GB/s':>11} {'speedup':>8}  torch expression")
     for r in rows:
         r["ours_gbps"] = r["bytes"] / r["ours_s"] / 1e9
         r["torch_gbps"] = r["bytes"] / r["torch_s"] / 1e9
-        r["speedup"] = r["torch_s"] / r["ours_s"]
         print(f"{r['op']:9} {r['shape']:12} {r['tokens']:6d} {r['ours_s'] * 1e3:9.3f} "
               f"{r['ours_alloc_s'] * 1e3:9.3f} {r['torch_s'] * 1e3:9.3f} "
               f"{r['ours_gbps']:10.2f} {r['torch_gbps']:11.2f} {r['speedup']:7.2f}x  {r['torch_expr']}")
