@@ -12,10 +12,11 @@ preallocated too (out=); "ours alloc" times our operators allocating their outpu
 CPU pays the page faults of fresh memory on every call.
 Bytes are counted as in `moe-routing bench`: each input read once, each output written once.
 Every run calls each contender once, interleaved, and the speedup is the median over the runs of
-the ratio within a run, so each ratio is a paired measurement ("ours
-alloc" is timed on its own: the page faults and unmaps of its fresh outputs would slow whichever
-contender ran next). Calls moving >= 64 MiB start from a scrubbed cache (64 MiB read, untimed),
-so none pays for the dirty lines the previous contender left (--no-scrub: without).
+the ratio within a run, so each ratio is a paired measurement ("ours alloc" is timed on its own:
+the page faults and unmaps of its fresh outputs would slow whichever contender ran next). Each
+timed call starts from the same state of the caches whoever ran before it: scrubbed (64 MiB
+read, untimed) for calls moving >= 64 MiB, warm (the same call once more, untimed) for smaller
+ones; --no-scrub: as the previous contender left them.
 """
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ SHAPES = {  # hidden, experts, top_k
 }
 
 
-# Calls moving at least this many bytes start from a scrubbed cache (see run_times), as the
-# rows of `moe-routing bench` that are paired with a bandwidth measurement do.
+# Calls moving at least this many bytes start from a scrubbed cache, smaller ones warm (see
+# run_times), as the rows of `moe-routing bench` that are / are not paired with a bandwidth
+# measurement do.
 SCRUB_FROM_BYTES = 64 << 20
 _scrub_buffer = None
 
@@ -53,33 +55,38 @@ def scrub_cache():
     _scrub_buffer.sum()
 
 
-def run_times(fns, runs, min_seconds=0.3, max_runs=501, scrub=None):
+def run_times(fns, runs, min_seconds=0.3, max_runs=501, start=None):
     """The times of each function's runs, measured interleaved: every run calls each function once
     (rotating which goes first), so a shared machine drifting between phases - its bandwidth
     changes by tens of percent over seconds - slows all of them alike and the ratios hold.
     At least `runs` runs, and more for fast calls (up to max_runs), so that each function runs for
     about min_seconds on average: a median of 7 sub-millisecond calls moved by 20% between runs.
 
-    `scrub`, if given, runs (untimed) before every timed call. Large calls need it for a fair
-    comparison: PyTorch's operators write through the cache and leave up to a cache's worth of
-    dirty lines, ours stream large outputs past it and leave none, so whichever call came next
-    paid for PyTorch's write-backs - always ours with two contenders (each follows the other)."""
+    `start` sets the state of the caches each timed call starts from, the same for every
+    contender: "scrubbed" (64 MiB read first, untimed) or "warm" (the same call made once more
+    first, untimed); None: whatever the previous call left. Interleaved calls need one: PyTorch's
+    operators write through the cache and leave up to a cache's worth of dirty lines (and
+    index_select+sum a whole intermediate), ours stream large outputs past it, so whichever call
+    came next paid for the previous one's write-backs and evictions - always ours, since each
+    of ours follows a PyTorch call."""
     for fn in fns:
         fn()  # warm-up (also faults in any output pages)
-    start = time.perf_counter()
+    t0 = time.perf_counter()
     for fn in fns:
         fn()
-    per_run = max(time.perf_counter() - start, 1e-9)
+    per_run = max(time.perf_counter() - t0, 1e-9)
     runs = max(runs, min(max_runs, math.ceil(min_seconds * len(fns) / per_run)))
     times = [[] for _ in fns]
     for r in range(runs):
         for k in range(len(fns)):
             i = (r + k) % len(fns)
-            if scrub is not None:
-                scrub()
-            start = time.perf_counter()
+            if start == "scrubbed":
+                scrub_cache()
+            elif start == "warm":
+                fns[i]()
+            t0 = time.perf_counter()
             fns[i]()
-            times[i].append(time.perf_counter() - start)
+            times[i].append(time.perf_counter() - t0)
     return times
 
 
@@ -95,7 +102,15 @@ def routing(n, k, e, gen):
     return torch.multinomial(weights.expand(n, e), k, replacement=False, generator=gen).to(torch.int32)
 
 
-def measure(shape, n, dtype, runs, gen, scrub_large=True):
+def start_state(bytes_moved, no_scrub=False):
+    """Large calls (their data far beyond the caches) start from a scrubbed cache, smaller ones
+    warm, as in `moe-routing bench`; --no-scrub: neither (the previous contender's state)."""
+    if no_scrub:
+        return None
+    return "scrubbed" if bytes_moved >= SCRUB_FROM_BYTES else "warm"
+
+
+def measure(shape, n, dtype, runs, gen, no_scrub=False):
     h, e, k = SHAPES[shape]
     esize = torch.empty((), dtype=dtype).element_size()
     idx = routing(n, k, e, gen)
@@ -131,9 +146,9 @@ def measure(shape, n, dtype, runs, gen, scrub_large=True):
     # the torch expression computes the same thing: check once
     torch_forward()
     assert torch.equal(out_x, expanded_x) and torch.equal(out_eri, eri), "forward outputs differ"
-    scrub = scrub_cache if scrub_large and fwd_bytes >= SCRUB_FROM_BYTES else None
-    ours_times, torch_times = run_times([ours_forward, torch_forward], runs, scrub=scrub)
-    (alloc_times,) = run_times([ours_forward_alloc], runs, scrub=scrub)  # apart: its page faults and unmaps
+    start = start_state(fwd_bytes, no_scrub)
+    ours_times, torch_times = run_times([ours_forward, torch_forward], runs, start=start)
+    (alloc_times,) = run_times([ours_forward_alloc], runs, start=start)  # apart: its page faults and unmaps
     # would disturb whichever contender runs next
     results.append(dict(op="forward", shape=shape, tokens=n, ours_s=statistics.median(ours_times),
                         ours_alloc_s=statistics.median(alloc_times), torch_s=statistics.median(torch_times),
@@ -166,10 +181,10 @@ def measure(shape, n, dtype, runs, gen, scrub_large=True):
         out_add.zero_()
         out_add.index_add_(0, token_of_row, g)
 
-    scrub = scrub_cache if scrub_large and bwd_bytes >= SCRUB_FROM_BYTES else None
+    start = start_state(bwd_bytes, no_scrub)
     ours_times, sel_times, add_times = run_times([ours_backward, torch_select_sum, torch_index_add], runs,
-                                                 scrub=scrub)
-    (alloc_times,) = run_times([ours_backward_alloc], runs, scrub=scrub)
+                                                 start=start)
+    (alloc_times,) = run_times([ours_backward_alloc], runs, start=start)
     best, expr = ((sel_times, "index_select+view+sum") if statistics.median(sel_times) <= statistics.median(add_times)
                   else (add_times, "index_add_"))
     results.append(dict(op="backward", shape=shape, tokens=n, ours_s=statistics.median(ours_times),
@@ -189,7 +204,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plot", default="", help="write a PNG plot of GB/s against tokens")
     parser.add_argument("--csv", default="")
     parser.add_argument("--no-scrub", action="store_true",
-                        help="do not scrub the cache before each timed call of >= 64 MiB (see run_times)")
+                        help="time each call from whatever state the previous contender left the caches "
+                             "in, instead of scrubbed (>= 64 MiB moved) or warm (smaller) (see run_times)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -204,10 +220,10 @@ def main(argv=None) -> int:
             parser.error(f"--shapes: unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
         for n in tokens:
             print(f"[torch_compare {len(rows) // 2 + 1}/{total}] {shape} N={n}", file=sys.stderr, flush=True)
-            rows.extend(measure(shape, n, dtype, args.runs, gen, scrub_large=not args.no_scrub))
+            rows.extend(measure(shape, n, dtype, args.runs, gen, no_scrub=args.no_scrub))
     print(f"moe_routing vs PyTorch {torch.__version__} eager, {args.dtype}, {torch.get_num_threads()} threads, "
           f"median of >= {args.runs} runs (calls under ~40 ms: more, ~0.3 s of each); "
-          f"{'no cache scrub' if args.no_scrub else 'calls moving >= 64 MiB start from a scrubbed cache'}")
+          f"{'no cache scrub' if args.no_scrub else 'each call starts from a scrubbed cache (>= 64 MiB moved) or warm'}")
     print(f"{'op':9} {'shape':12} {'N':>6} {'ours ms':>9} {'alloc ms':>9} {'torch ms':>9} {'ours GB/s':>10} "
           f"{'torch GB/s':>11} {'speedup':>8}  torch expression")
     for r in rows:

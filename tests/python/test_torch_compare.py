@@ -23,15 +23,24 @@ def test_speedup_is_the_median_of_per_run_ratios():
     assert tc.paired_speedup([1.0, 10.0, 1.0], [2.0, 20.0, 3.0]) == 2.0
 
 
-def test_scrub_runs_before_every_timed_call_and_runs_are_interleaved():
+def test_every_timed_call_starts_from_the_same_state_and_runs_are_interleaved(monkeypatch):
     tc = load_module()
     calls = []
+    monkeypatch.setattr(tc, "scrub_cache", lambda: calls.append("scrub"))
     a = lambda: calls.append("a")  # noqa: E731
     b = lambda: calls.append("b")  # noqa: E731
-    times = tc.run_times([a, b], runs=3, min_seconds=0.0, scrub=lambda: calls.append("scrub"))
+    times = tc.run_times([a, b], runs=3, min_seconds=0.0, start="scrubbed")
     assert [len(t) for t in times] == [3, 3]
-    timed = calls[4:]  # after the warm-up and the sizing run, which are not scrubbed
+    timed = calls[4:]  # after the warm-up and the sizing run, which start from nothing in particular
     assert timed == ["scrub", "a", "scrub", "b", "scrub", "b", "scrub", "a", "scrub", "a", "scrub", "b"]
+    # Warm: each timed call right after an untimed call of the same function.
+    calls.clear()
+    tc.run_times([a, b], runs=2, min_seconds=0.0, start="warm")
+    assert calls[4:] == ["a", "a", "b", "b", "b", "b", "a", "a"]
+    # Which start a size gets: scrubbed from 64 MiB moved, warm below, neither with --no-scrub.
+    assert tc.start_state(64 << 20) == "scrubbed"
+    assert tc.start_state((64 << 20) - 1) == "warm"
+    assert tc.start_state(1 << 30, no_scrub=True) is None
 
 
 def test_small_sweep_prints_and_writes_every_row(tmp_path):
