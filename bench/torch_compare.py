@@ -14,9 +14,9 @@ Bytes are counted as in `moe-routing bench`: each input read once, each output w
 Every run calls each contender once, interleaved, and the speedup is the median over the runs of
 the ratio within a run, so each ratio is a paired measurement ("ours alloc" is timed on its own:
 the page faults and unmaps of its fresh outputs would slow whichever contender ran next). Each
-timed call starts from the same state of the caches whoever ran before it: scrubbed (64 MiB
-read, untimed) for calls moving >= 64 MiB, warm (the same call once more, untimed) for smaller
-ones; --no-scrub: as the previous contender left them.
+timed call is prepared the same way whoever ran before it: the cache scrubbed (64 MiB read,
+untimed) for calls moving >= 64 MiB, warmed (the same call once more, untimed) for smaller ones;
+--no-scrub: neither.
 """
 from __future__ import annotations
 
@@ -62,9 +62,8 @@ def run_times(fns, runs, min_seconds=0.3, max_runs=501, start=None):
     At least `runs` runs, and more for fast calls (up to max_runs), so that each function runs for
     about min_seconds on average: a median of 7 sub-millisecond calls moved by 20% between runs.
 
-    `start` sets the state of the caches each timed call starts from, the same for every
-    contender: "scrubbed" (64 MiB read first, untimed) or "warm" (the same call made once more
-    first, untimed); None: whatever the previous call left. Interleaved calls need one: PyTorch's
+    `start` prepares every timed call of every contender the same way: "scrubbed" (64 MiB read
+    first, untimed) or "warm" (the same call made once more first, untimed); None: nothing. Interleaved calls need one: PyTorch's
     operators write through the cache and leave up to a cache's worth of dirty lines (and
     index_select+sum a whole intermediate), ours stream large outputs past it, so whichever call
     came next paid for the previous one's write-backs and evictions - always ours, since each
