@@ -61,10 +61,12 @@ def main(argv=None) -> int:
           f"{'max % of copy (med)':<20} {'% of limit (med, min-max)':<25} copy GB/s (min-max)")
     for key, group in rows.items():
         copy = [float(g["copy_gbps"]) for g in group]
-        ceiling = statistics.median(float(g["ceiling_fraction_of_copy"]) for g in group)
+        # A bench older than the ceiling column (--binary) has none: n/a.
+        ceilings = [float(g["ceiling_fraction_of_copy"]) for g in group if g.get("ceiling_fraction_of_copy")]
+        ceiling = f"{statistics.median(ceilings) * 100:5.1f}%" if ceilings else "  n/a"
         print(f"{key[0]:<13} {key[1]:<9} {key[2]:<12} {key[3]:>5}  "
               f"{spread([float(g['fraction_of_copy']) for g in group]):<25} "
-              f"{ceiling * 100:5.1f}%{'':<14} "
+              f"{ceiling:<20} "
               f"{spread([float(g['fraction_of_limit']) for g in group]):<25} "
               f"{min(copy):.0f}-{max(copy):.0f}")
     return 0

@@ -206,7 +206,7 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
   const bool sequential = plan.order == AccumulationOrder::sequential;
   const S* source = static_cast<const S*>(args.grad_expanded_x);
   S* output = static_cast<S*>(args.grad_x);
-  RowAddends<S> row;
+  RowAddends<S> row{};  // value-initialised: row_columns copies all of it, K entries are set per row
   NeutralRows<S> neutral;  // filled on the first row that needs it
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t i = unit / args.tiles_per_row;

@@ -1320,6 +1320,14 @@ TEST(CliBench, MachineModeReportsBandwidthsAndTheCeilingsTheySet) {
   }
 }
 
+TEST(CliBench, MachineModeRefusesTheSweepsFlags) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"bench", "--machine", "--csv", dir.file("m.csv")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--csv cannot be combined with --machine"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("copy (memcpy"), std::string::npos) << r.out;  // measured nothing
+}
+
 TEST(CliBench, RejectsABadTokenList) {
   TempDir dir;
   const CliResult r = run_cli(dir, {"bench", "--tokens", "4,x"});

@@ -52,6 +52,26 @@ TEST(GradRandom, WideRowsCrossColumnTiles) {
       }
 }
 
+TEST(GradRandom, WidthsWithoutAScalarTailMatchTheReference) {
+  // Real hidden sizes are multiples of the vector width (16 columns): every column then goes
+  // through the vector loops, and for bfloat16 through the even/odd lanes of the AVX2 kernel.
+  testing::Random rng(16);
+  const auto runners = testing::all_runners();
+  for (int64_t h : {16, 32, 64, 7168})
+    for (DType dtype : kDtypes)
+      for (GradScenario scenario : kScenarios)
+        for (int64_t k : {2, 8, 33})
+          for (AccumulationOrder order : kOrders) {
+            GradCase c = testing::make_grad_case(rng, scenario, dtype, h > 64 ? 3 : 5, k, h);
+            c.attrs.order = order;
+            FloatBuffer expected = testing::run_grad_case(c, runners[0]);
+            for (size_t r = 1; r < runners.size(); ++r)
+              EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, runners[r])))
+                  << runners[r].name() << ' ' << dtype_name(dtype) << ' ' << grad_scenario_name(scenario)
+                  << " K=" << k << " H=" << h << ' ' << accumulation_order_name(order);
+          }
+}
+
 TEST(GradRandom, SpecialValuesPropagateIdentically) {
   // Signed zeros, NaN, +-Inf, subnormals and values that overflow fp16 when summed.
   const float inf = std::numeric_limits<float>::infinity();
@@ -62,8 +82,9 @@ TEST(GradRandom, SpecialValuesPropagateIdentically) {
   const auto runners = testing::all_runners();
   for (DType dtype : kDtypes)
     for (AccumulationOrder order : kOrders)
-      for (int64_t k : {2, 3, 4, 5, 6, 8}) {  // 2/4/6/8 with drops: the masked-load path
-        GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 16, k, 19, 0.2);
+      for (int64_t k : {2, 3, 4, 5, 6, 8, 33, 130}) {  // 2/4/6/8 with drops: neutral rows; 33+: bins
+        // H = 19: one vector and a tail; H = 50: the cache-line loop of 16-bit types as well.
+        GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 16, k, k % 2 ? 19 : 50, 0.2);
         c.attrs.order = order;
         for (int64_t e = 0; e < c.grad.count(); ++e)
           store_from_float(c.grad.data(), dtype, e, specials[rng.integer(0, 13)]);
@@ -185,6 +206,28 @@ TEST(GradRandom, LargeOutputsTakeTheStreamingStorePathBitExactly) {
       EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
           << dtype_name(dtype) << ' ' << threads << " threads";
   }
+}
+
+TEST(GradRandom, StreamedRowsWithAbsentAddendsAndEitherOrderAreBitExact) {
+  // K = 8 in every scenario (absent addends read from neutral rows, chunk by chunk) and both
+  // orders, on every ISA, with an aligned H (all rows stream) and an odd one (every other row
+  // takes the cached path). The threshold is forced down to 1 MiB to keep the inputs small.
+  const testing::StreamingThresholdOverride threshold(int64_t(1) << 20);
+  testing::Random rng(43);
+  for (int64_t h : {2048, 2053})
+    for (GradScenario scenario : {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
+      for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
+        testing::GradCase c = testing::make_grad_case(rng, scenario, DType::bfloat16, 256, 8, h);
+        c.attrs.order = order;
+        ASSERT_GE(int64_t(c.num_rows * h * 2), int64_t(1) << 20);
+        testing::FloatBuffer expected = testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
+        for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+          if (!cpu_isa_available(isa)) continue;
+          EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, isa, 2})))
+              << cpu_isa_name(isa) << ' ' << grad_scenario_name(scenario) << " H=" << h << ' '
+              << accumulation_order_name(order);
+        }
+      }
 }
 
 }  // namespace

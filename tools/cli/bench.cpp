@@ -166,10 +166,9 @@ class BandwidthMeter {
     const double seconds = run(threads, [this](size_t lo, size_t hi) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
       // CLZERO clears the aligned line that holds its address: only whole lines of the share.
-      const uintptr_t first = (reinterpret_cast<uintptr_t>(dst_.data() + lo) + 63) & ~uintptr_t(63);
-      char* line = dst_.data() + (first - reinterpret_cast<uintptr_t>(dst_.data()));
-      for (; line + 64 <= dst_.data() + hi; line += 64)
-        asm volatile(".byte 0x0f, 0x01, 0xfc" : : "a"(line) : "memory");  // clzero [rax]
+      const uintptr_t base = reinterpret_cast<uintptr_t>(dst_.data());
+      for (size_t at = ((base + lo + 63) & ~uintptr_t(63)) - base; at + 64 <= hi; at += 64)
+        asm volatile(".byte 0x0f, 0x01, 0xfc" : : "a"(dst_.data() + at) : "memory");  // clzero [rax]
       asm volatile("sfence" : : : "memory");
 #else
       (void)lo, (void)hi;
@@ -195,14 +194,14 @@ class BandwidthMeter {
     for (const Sample& s : samples) values.push_back(s.*field);
     return median(values);
   }
-  /// Runs fn(lo, hi) over each thread's share of the buffer; returns the seconds taken.
+  /// Runs fn(lo, hi) over each thread's share of the buffer (shares start at multiples of 64
+  /// bytes, so word reads stay aligned for any thread count); returns the seconds taken.
   template <class Fn>
   double run(int threads, const Fn& fn) {
     const auto start = Clock::now();
     std::vector<std::thread> pool;
-    auto share = [threads, &fn](int t) {
-      fn(kBytes * size_t(t) / size_t(threads), kBytes * size_t(t + 1) / size_t(threads));
-    };
+    auto bound = [threads](int t) { return kBytes / 64 * size_t(t) / size_t(threads) * 64; };
+    auto share = [&bound, &fn](int t) { fn(bound(t), bound(t + 1)); };
     for (int t = 1; t < threads; ++t) pool.emplace_back(share, t);
     share(0);
     for (auto& th : pool) th.join();
@@ -222,7 +221,7 @@ class BandwidthMeter {
 double ceiling_of_copy(double reads, double writes, double copy_bw, double read_bw, double write_bw) {
   const double bytes = reads + writes;
   const double limit_s = std::max({bytes / copy_bw, reads / read_bw, writes / write_bw});
-  return bytes / limit_s / copy_bw;
+  return std::min(1.0, bytes / limit_s / copy_bw);  // 1 where the copy term binds (up to rounding)
 }
 
 std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
@@ -292,7 +291,14 @@ class BenchCommand : public Command {
                  &machine_);
   }
 
-  int run(const ArgParser&) override {
+  int run(const ArgParser& parser) override {
+    if (machine_)
+      for (const char* flag : {"--op", "--shape", "--tokens", "--dtype", "--order", "--csv"})
+        if (parser.given(flag))
+          return report_error(invalid_argument("moe-routing: bench: ", flag,
+                                               " cannot be combined with --machine (which measures only "
+                                               "the memory; only --threads and --runs apply), got ",
+                                               flag));
     std::vector<int64_t> token_counts;
     {
       std::stringstream in(tokens_text_);
