@@ -63,11 +63,11 @@ def run_times(fns, runs, min_seconds=0.3, max_runs=501, start=None):
     about min_seconds on average: a median of 7 sub-millisecond calls moved by 20% between runs.
 
     `start` prepares every timed call of every contender the same way: "scrubbed" (64 MiB read
-    first, untimed) or "warm" (the same call made once more first, untimed); None: nothing. Interleaved calls need one: PyTorch's
-    operators write through the cache and leave up to a cache's worth of dirty lines (and
-    index_select+sum a whole intermediate), ours stream large outputs past it, so whichever call
-    came next paid for the previous one's write-backs and evictions - always ours, since each
-    of ours follows a PyTorch call."""
+    first, untimed) or "warm" (the same call made once more first, untimed); None: nothing.
+    Interleaved calls need one: PyTorch's operators write through the cache and leave up to a
+    cache's worth of dirty lines (and index_select+sum a whole intermediate), ours stream large
+    outputs past it, so whichever call came next paid for the previous one's write-backs and
+    evictions - always ours, since each of ours follows a PyTorch call."""
     for fn in fns:
         fn()  # warm-up (also faults in any output pages)
     t0 = time.perf_counter()

@@ -73,8 +73,8 @@ struct Avx2Ops {
         _mm_packs_epi32(_mm256_castsi256_si128(nan_wide), _mm256_extracti128_si256(nan_wide, 1));
     return _mm_blendv_epi8(converted, _mm_set1_epi16(short(kCanonicalNanFloat16)), nan_mask);
   }
-  /// bfloat16 in the top half of each 32-bit lane (the low half is garbage): round to nearest
-  /// even, u + 0x7fff + lsb; NaN becomes the canonical NaN.
+  /// Rounds each float to bfloat16 (nearest even: u + 0x7fff + lsb), left in the top half of its
+  /// 32-bit lane (the low half is then meaningless); NaN becomes the canonical NaN.
   static __m256i round_bf16_high(__m256 v) {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));

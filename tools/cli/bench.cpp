@@ -209,19 +209,22 @@ class BandwidthMeter {
   }
   int threads_;
 #if defined(MOE_ROUTING_BENCH_AVX2_READ)
-  bool avx2_ = __builtin_cpu_supports("avx2");
+  bool avx2_ = cpu_isa_available(CpuIsa::avx2);  // the library's own detection
 #endif
   std::vector<char> src_, dst_;
   std::atomic<uint64_t> sink_{0};
 };
 
-/// The highest fraction of the copy bandwidth a kernel that reads `reads` bytes and writes
-/// `writes` bytes can reach: its bytes over the longest of all bytes at the copy bandwidth, the
-/// reads at the read bandwidth and the writes at the write bandwidth.
+/// The shortest time a kernel that reads `reads` bytes and writes `writes` bytes can take: the
+/// longest of all bytes at the copy bandwidth, the reads at the read bandwidth and the writes at
+/// the write bandwidth (bytes per second).
+double limit_seconds(double reads, double writes, double copy_bw, double read_bw, double write_bw) {
+  return std::max({(reads + writes) / copy_bw, reads / read_bw, writes / write_bw});
+}
+/// The highest fraction of the copy bandwidth such a kernel can reach (its bytes in the limit).
 double ceiling_of_copy(double reads, double writes, double copy_bw, double read_bw, double write_bw) {
-  const double bytes = reads + writes;
-  const double limit_s = std::max({bytes / copy_bw, reads / read_bw, writes / write_bw});
-  return std::min(1.0, bytes / limit_s / copy_bw);  // 1 where the copy term binds (up to rounding)
+  const double limit_s = limit_seconds(reads, writes, copy_bw, read_bw, write_bw);
+  return std::min(1.0, (reads + writes) / limit_s / copy_bw);  // 1 where the copy term binds
 }
 
 std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
@@ -367,7 +370,7 @@ class BenchCommand : public Command {
       row.ms = median(times) * 1e3;
       row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
       row.fraction = row.gbps / row.copy_gbps;
-      row.limit_ms = 1e3 * std::max({row.bytes / copy_bw, row.read_bytes / read_bw, row.write_bytes / write_bw});
+      row.limit_ms = 1e3 * limit_seconds(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       row.ceiling = ceiling_of_copy(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       rows.push_back(row);
       return Status::ok();
