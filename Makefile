@@ -8,7 +8,8 @@ BUILD_DIR ?= build
 ASAN_BUILD_DIR ?= build-asan
 JOBS ?= $(shell nproc)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv clang libclang-rt-14-dev
+APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv clang libclang-rt-14-dev \
+  clang-format
 
 CMAKE_FLAGS ?=
 VENV ?= .venv
@@ -17,7 +18,8 @@ VENV_PY := $(VENV)/bin/python
 # torch is pinned to the CPU build this machine kind has on disk.
 PY_PACKAGES := torch==2.13.0 numpy pytest scikit-build-core ninja matplotlib
 
-.PHONY: all deps build build-asan test test-cpp test-asan test-python venv python demo clean help
+.PHONY: all deps build build-asan test test-cpp test-asan test-python venv python demo clean help \
+  format format-check
 
 all: build
 
@@ -69,7 +71,7 @@ python: venv
 test-python: python build
 	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
 
-test: test-cpp test-asan test-python fuzz test-cuda-build
+test: format-check test-cpp test-asan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"
 
 # libFuzzer on the C ABI (fuzz/fuzz_c_api.cpp), built with clang, ASan and UBSan in its own tree:
@@ -102,6 +104,14 @@ demo: build python
 	@echo
 	@echo "== a tiny MoE layer trained with moe_routing's torch operators vs plain PyTorch"
 	$(VENV_PY) examples/python/tiny_moe.py
+
+# Source style (.clang-format): `make format` applies it, `make format-check` (part of make test)
+# fails naming every file that differs.
+format: deps
+	git ls-files -z -- '*.h' '*.hpp' '*.cpp' '*.c' '*.cu' '*.cuh' | xargs -0 clang-format -i
+
+format-check: deps
+	tools/checks/format_check.sh
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) build/python

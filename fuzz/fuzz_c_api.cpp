@@ -282,18 +282,12 @@ struct FuzzTensor {
       for (int64_t i = 0; i < n; ++i) {
         int64_t v;
         switch (index_fill) {
-          case IndexFill::valid:
-            v = limit > 0 ? gen.below(valid) : 0;
-            break;
+          case IndexFill::valid: v = limit > 0 ? gen.below(valid) : 0; break;
           case IndexFill::valid_and_minus_one:
             v = gen.below(8) == 0 ? -1 : (limit > 0 ? gen.below(valid) : -1);
             break;
-          case IndexFill::near_limit:
-            v = gen.below(valid + 3) - 1;
-            break;
-          default:
-            v = int64_t(int32_t(uint32_t(gen.next())));
-            break;
+          case IndexFill::near_limit: v = gen.below(valid + 3) - 1; break;
+          default: v = int64_t(int32_t(uint32_t(gen.next()))); break;
         }
         p[i] = int32_t(v);
       }
@@ -765,15 +759,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mrSetNumThreads(1 + in.below(3));
   Generator gen(in.u64());
   switch (op % 3) {
-    case 0:
-      fuzz_grad(in, gen);
-      break;
-    case 1:
-      fuzz_v2(in, gen);
-      break;
-    default:
-      fuzz_routing(in, gen);
-      break;
+    case 0: fuzz_grad(in, gen); break;
+    case 1: fuzz_v2(in, gen); break;
+    default: fuzz_routing(in, gen); break;
   }
   FUZZ_CHECK(c_api::live_tensors() == 0 && c_api::live_executors() == 0,
              "every handle and executor is freed");

@@ -33,13 +33,13 @@ using namespace moe_routing;
 
 // ---- small utilities ------------------------------------------------------------------------
 
-#define CHECK_CUDA(call)                                                                    \
-  do {                                                                                      \
-    const cudaError_t e_ = (call);                                                          \
-    if (e_ != cudaSuccess) {                                                                \
-      std::fprintf(stderr, "gpu_check: %s failed: %s\n", #call, cudaGetErrorString(e_));    \
-      std::exit(2);                                                                         \
-    }                                                                                       \
+#define CHECK_CUDA(call)                                                                 \
+  do {                                                                                   \
+    const cudaError_t e_ = (call);                                                       \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "gpu_check: %s failed: %s\n", #call, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                      \
+    }                                                                                    \
   } while (0)
 
 void require(const Status& s, const char* what) {
@@ -68,8 +68,8 @@ struct Host {
   TensorView view() {
     if (!present) return TensorView();
     static uint64_t empty = 0;
-    return TensorView(bytes.empty() ? static_cast<void*>(&empty) : bytes.data(), dtype, int(shape.size()),
-                      shape.data());
+    return TensorView(bytes.empty() ? static_cast<void*>(&empty) : bytes.data(), dtype,
+                      int(shape.size()), shape.data());
   }
 };
 
@@ -166,8 +166,8 @@ struct GradInput {
   int64_t n = 0, h = 0;
 };
 
-GradInput grad_input(std::mt19937_64& rng, DType dtype, GradScenario scenario, int64_t n, int64_t k, int64_t h,
-                     AccumulationOrder order) {
+GradInput grad_input(std::mt19937_64& rng, DType dtype, GradScenario scenario, int64_t n, int64_t k,
+                     int64_t h, AccumulationOrder order) {
   GradInput in;
   in.n = n;
   in.h = h;
@@ -203,7 +203,8 @@ Host grad_cpu(GradInput& in) {
   Host out(in.grad.dtype, {in.n, in.h});
   ExecConfig cpu;
   cpu.backend = Backend::cpu;
-  require(moe_init_routing_grad(in.grad.view(), in.idx.view(), in.attrs, out.view(), cpu), "CPU grad");
+  require(moe_init_routing_grad(in.grad.view(), in.idx.view(), in.attrs, out.view(), cpu),
+          "CPU grad");
   return out;
 }
 
@@ -222,11 +223,12 @@ void check_grad() {
   struct Shape {
     int64_t n, k, h;
   };
-  const Shape shapes[] = {{1, 1, 1},  {7, 2, 8},   {33, 3, 24},  {5, 4, 64},    {13, 5, 100}, {9, 8, 7168},
-                          {8, 9, 40}, {6, 16, 72}, {4, 33, 8},   {3, 128, 16},  {2, 130, 24}, {97, 2, 4096},
-                          {64, 8, 257}};
+  const Shape shapes[] = {{1, 1, 1},    {7, 2, 8},     {33, 3, 24}, {5, 4, 64}, {13, 5, 100},
+                          {9, 8, 7168}, {8, 9, 40},    {6, 16, 72}, {4, 33, 8}, {3, 128, 16},
+                          {2, 130, 24}, {97, 2, 4096}, {64, 8, 257}};
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
-    for (GradScenario scenario : {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
+    for (GradScenario scenario :
+         {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
       for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
         bool ok = true;
         std::string first;
@@ -237,32 +239,38 @@ void check_grad() {
           const Host got = grad_gpu(in, &status);
           if (!status.is_ok() || !same(expected, got)) {
             if (ok)
-              first = " (first: N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) + " H=" +
-                      std::to_string(s.h) + (status.is_ok() ? "" : ": " + status.message()) + ")";
+              first = " (first: N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
+                      " H=" + std::to_string(s.h) +
+                      (status.is_ok() ? "" : ": " + status.message()) + ")";
             ok = false;
           }
         }
         const std::string name = std::string("moe_init_routing_grad ") + dtype_name(dtype) + " " +
-                                 grad_scenario_name(scenario) + " " + accumulation_order_name(order);
+                                 grad_scenario_name(scenario) + " " +
+                                 accumulation_order_name(order);
         report(ok, name + first);
         std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
       }
   // A bad index: the CPU's message, nothing written.
-  GradInput in = grad_input(rng, DType::float32, GradScenario::dropless, 3, 2, 8, AccumulationOrder::tree);
+  GradInput in =
+      grad_input(rng, DType::float32, GradScenario::dropless, 3, 2, 8, AccumulationOrder::tree);
   reinterpret_cast<int32_t*>(in.idx.bytes.data())[5] = 99;
   Host cpu_out(DType::float32, {3, 8});
   ExecConfig cpu;
   cpu.backend = Backend::cpu;
-  const Status cpu_status = moe_init_routing_grad(in.grad.view(), in.idx.view(), in.attrs, cpu_out.view(), cpu);
+  const Status cpu_status =
+      moe_init_routing_grad(in.grad.view(), in.idx.view(), in.attrs, cpu_out.view(), cpu);
   Status gpu_status;
   const Host got = grad_gpu(in, &gpu_status);
   bool untouched = true;
   for (uint8_t b : got.bytes) untouched = untouched && b == 0x5A;
-  const bool ok = cpu_status.code() == StatusCode::index_out_of_range && gpu_status.code() == cpu_status.code() &&
+  const bool ok = cpu_status.code() == StatusCode::index_out_of_range &&
+                  gpu_status.code() == cpu_status.code() &&
                   gpu_status.message() == cpu_status.message() && untouched;
-  report(ok, "moe_init_routing_grad bad index: \"" + gpu_status.message() + "\" vs \"" + cpu_status.message() +
-                 "\", output untouched " + (untouched ? "yes" : "NO"));
-  std::printf("%s moe_init_routing_grad invalid index: %s\n", ok ? "PASS" : "----", gpu_status.message().c_str());
+  report(ok, "moe_init_routing_grad bad index: \"" + gpu_status.message() + "\" vs \"" +
+                 cpu_status.message() + "\", output untouched " + (untouched ? "yes" : "NO"));
+  std::printf("%s moe_init_routing_grad invalid index: %s\n", ok ? "PASS" : "----",
+              gpu_status.message().c_str());
 }
 
 // ---- the forward ------------------------------------------------------------------------------
@@ -280,25 +288,27 @@ struct ForwardOutput {
 ForwardOutput forward(ForwardInput& in, bool gpu) {
   ForwardOutput r;
   MoeInitRoutingPlan plan;
-  r.status = infer_moe_init_routing(in.x.view(), in.ids.view(), in.scale.view(), in.offset.view(), in.weight.view(),
-                                    in.attrs, &plan);
+  r.status = infer_moe_init_routing(in.x.view(), in.ids.view(), in.scale.view(), in.offset.view(),
+                                    in.weight.view(), in.attrs, &plan);
   if (!r.status.is_ok()) return r;
-  const OutputSpec* specs[] = {&plan.expanded_x, &plan.expanded_row_idx, &plan.expert_tokens_count_or_cumsum,
-                               &plan.expanded_scale, &plan.expanded_topk_weight};
+  const OutputSpec* specs[] = {&plan.expanded_x, &plan.expanded_row_idx,
+                               &plan.expert_tokens_count_or_cumsum, &plan.expanded_scale,
+                               &plan.expanded_topk_weight};
   for (int i = 0; i < 5; ++i) r.out[i] = from_spec(*specs[i]);
   if (!gpu) {
     ExecConfig cpu;
     cpu.backend = Backend::cpu;
-    r.status = moe_init_routing(in.x.view(), in.ids.view(), in.scale.view(), in.offset.view(), in.weight.view(),
-                                in.attrs, r.out[0].view(), r.out[1].view(), r.out[2].view(), r.out[3].view(),
-                                r.out[4].view(), cpu);
+    r.status = moe_init_routing(in.x.view(), in.ids.view(), in.scale.view(), in.offset.view(),
+                                in.weight.view(), in.attrs, r.out[0].view(), r.out[1].view(),
+                                r.out[2].view(), r.out[3].view(), r.out[4].view(), cpu);
     return r;
   }
   DeviceCopies dev;
   TensorView o[5];
   for (int i = 0; i < 5; ++i) o[i] = dev.output(r.out[i]);
-  r.status = moe_init_routing(dev.upload(in.x), dev.upload(in.ids), dev.upload(in.scale), dev.upload(in.offset),
-                              dev.upload(in.weight), in.attrs, o[0], o[1], o[2], o[3], o[4]);
+  r.status = moe_init_routing(dev.upload(in.x), dev.upload(in.ids), dev.upload(in.scale),
+                              dev.upload(in.offset), dev.upload(in.weight), in.attrs, o[0], o[1],
+                              o[2], o[3], o[4]);
   CHECK_CUDA(cudaDeviceSynchronize());
   for (int i = 0; i < 5; ++i) DeviceCopies::download(o[i], r.out[i]);
   return r;
@@ -320,7 +330,8 @@ void check_forward() {
               ForwardInput in;
               const bool large = repeat == 5;
               const int64_t N = large ? 3000 : uniform(rng, 1, 40), K = uniform(rng, 1, 8);
-              const int64_t H = large ? 24 : hiddens[uniform(rng, 0, 6)], E = uniform(rng, 1, large ? 300 : 40);
+              const int64_t H = large ? 24 : hiddens[uniform(rng, 0, 6)],
+                            E = uniform(rng, 1, large ? 300 : 40);
               in.x = Host(dtype, {N, H});
               fill_float(in.x, rng());
               in.ids = Host(DType::int32, {N, K});
@@ -344,7 +355,8 @@ void check_forward() {
               if (scenario == 3) {
                 a.drop_pad_mode = 1;
                 a.expert_capacity = uniform(rng, 1, N);
-                for (int64_t p = 0; p < N * K; ++p) ids[p] = std::min<int32_t>(std::max<int32_t>(ids[p], 0), int32_t(E - 1));
+                for (int64_t p = 0; p < N * K; ++p)
+                  ids[p] = std::min<int32_t>(std::max<int32_t>(ids[p], 0), int32_t(E - 1));
               }
               if (rng() % 2) {
                 in.weight = Host(DType::float32, {N, K});
@@ -371,15 +383,17 @@ void check_forward() {
               bool same_all = expected.status.is_ok() && got.status.is_ok();
               for (int i = 0; same_all && i < 5; ++i) same_all = same(expected.out[i], got.out[i]);
               if (!same_all && ok) {
-                first = " (first: N=" + std::to_string(N) + " K=" + std::to_string(K) + " H=" + std::to_string(H) +
-                        " E=" + std::to_string(E) + (got.status.is_ok() ? "" : ": " + got.status.message()) + ")";
+                first = " (first: N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                        " H=" + std::to_string(H) + " E=" + std::to_string(E) +
+                        (got.status.is_ok() ? "" : ": " + got.status.message()) + ")";
                 ok = false;
               }
             }
             const char* scenarios[] = {"dropless", "partial_range", "active", "drop_pad"};
-            const std::string name = std::string("moe_init_routing ") + dtype_name(dtype) + " " + scenarios[scenario] +
-                                     " quant " + std::to_string(quant) + " row_idx_type " +
-                                     std::to_string(row_idx_type) + " " + quant_flavour_name(flavour);
+            const std::string name = std::string("moe_init_routing ") + dtype_name(dtype) + " " +
+                                     scenarios[scenario] + " quant " + std::to_string(quant) +
+                                     " row_idx_type " + std::to_string(row_idx_type) + " " +
+                                     quant_flavour_name(flavour);
             report(ok, name + first);
             std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
           }
@@ -392,10 +406,12 @@ void check_v2() {
       bool ok = true;
       for (int repeat = 0; repeat < 8; ++repeat) {
         const int64_t N = uniform(rng, 1, repeat < 4 ? 40 : 3000), K = uniform(rng, 1, 8);
-        const int64_t H = repeat % 2 ? uniform(rng, 1, 20) : 64 * uniform(rng, 1, 4), E = uniform(rng, 1, 300);
+        const int64_t H = repeat % 2 ? uniform(rng, 1, 20) : 64 * uniform(rng, 1, 4),
+                      E = uniform(rng, 1, 300);
         Host x(dtype, {N, H}), ids(DType::int32, {N, K});
         fill_float(x, rng());
-        for (int64_t p = 0; p < N * K; ++p) reinterpret_cast<int32_t*>(ids.bytes.data())[p] = int32_t(uniform(rng, 0, E - 1));
+        for (int64_t p = 0; p < N * K; ++p)
+          reinterpret_cast<int32_t*>(ids.bytes.data())[p] = int32_t(uniform(rng, 0, E - 1));
         MoeInitRoutingV2Attrs a;
         a.expert_num = E;
         a.expert_tokens_count_or_cumsum_flag = uniform(rng, 0, 2);
@@ -408,17 +424,19 @@ void check_v2() {
         MoeInitRoutingV2Plan plan;
         require(infer_moe_init_routing_v2(x.view(), ids.view(), a, &plan), "infer v2");
         Host cpu_out[4] = {from_spec(plan.expanded_x), from_spec(plan.expanded_row_idx),
-                           from_spec(plan.expert_tokens_count_or_cumsum), from_spec(plan.expert_tokens_before_capacity)};
+                           from_spec(plan.expert_tokens_count_or_cumsum),
+                           from_spec(plan.expert_tokens_before_capacity)};
         Host gpu_out[4] = {cpu_out[0], cpu_out[1], cpu_out[2], cpu_out[3]};
         ExecConfig cpu;
         cpu.backend = Backend::cpu;
-        require(moe_init_routing_v2(x.view(), ids.view(), a, cpu_out[0].view(), cpu_out[1].view(), cpu_out[2].view(),
-                                    cpu_out[3].view(), cpu),
+        require(moe_init_routing_v2(x.view(), ids.view(), a, cpu_out[0].view(), cpu_out[1].view(),
+                                    cpu_out[2].view(), cpu_out[3].view(), cpu),
                 "CPU v2");
         DeviceCopies dev;
         TensorView o[4];
         for (int i = 0; i < 4; ++i) o[i] = dev.output(gpu_out[i]);
-        const Status s = moe_init_routing_v2(dev.upload(x), dev.upload(ids), a, o[0], o[1], o[2], o[3]);
+        const Status s =
+            moe_init_routing_v2(dev.upload(x), dev.upload(ids), a, o[0], o[1], o[2], o[3]);
         CHECK_CUDA(cudaDeviceSynchronize());
         for (int i = 0; i < 4; ++i) DeviceCopies::download(o[i], gpu_out[i]);
         bool same_all = s.is_ok();
@@ -426,7 +444,8 @@ void check_v2() {
         ok = ok && same_all;
       }
       const char* modes[] = {"dropless", "active", "drop_pad"};
-      const std::string name = std::string("moe_init_routing_v2 ") + dtype_name(dtype) + " " + modes[mode];
+      const std::string name =
+          std::string("moe_init_routing_v2 ") + dtype_name(dtype) + " " + modes[mode];
       report(ok, name);
       std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
     }
@@ -464,20 +483,21 @@ double copy_bandwidth() {
   require(a.allocate(bytes), "allocate");
   require(b.allocate(bytes), "allocate");
   require(a.fill(1), "fill");
-  const double ms = time_ms([&] { CHECK_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); });
+  const double ms = time_ms(
+      [&] { CHECK_CUDA(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice)); });
   return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
 }
 
 FILE* results = nullptr;
 
-void result_line(const char* op, const char* impl, const std::string& name, DType dtype, double ms, double bytes,
-                 double copy_gbps, const char* verified) {
+void result_line(const char* op, const char* impl, const std::string& name, DType dtype, double ms,
+                 double bytes, double copy_gbps, const char* verified) {
   const double gbps = bytes / (ms * 1e-3) / 1e9;
-  std::printf("BENCH %-22s %-7s %-26s %-8s %9.3f ms %8.1f GB/s %6.1f%% of copy  verified %s\n", op, impl,
-              name.c_str(), dtype_name(dtype), ms, gbps, 100.0 * gbps / copy_gbps, verified);
+  std::printf("BENCH %-22s %-7s %-26s %-8s %9.3f ms %8.1f GB/s %6.1f%% of copy  verified %s\n", op,
+              impl, name.c_str(), dtype_name(dtype), ms, gbps, 100.0 * gbps / copy_gbps, verified);
   if (results != nullptr)
-    std::fprintf(results, "RESULT|%s|%s|%s|%s|%.4f|%.1f|%.1f|%s\n", op, impl, name.c_str(), dtype_name(dtype), ms,
-                 gbps, 100.0 * gbps / copy_gbps, verified);
+    std::fprintf(results, "RESULT|%s|%s|%s|%s|%.4f|%.1f|%.1f|%s\n", op, impl, name.c_str(),
+                 dtype_name(dtype), ms, gbps, 100.0 * gbps / copy_gbps, verified);
   std::fflush(stdout);
 }
 
@@ -503,7 +523,8 @@ void bench(const Model& m, int64_t tokens, DType dtype, double copy_gbps) {
   attrs.expert_tokens_num_flag = true;
   attrs.expert_tokens_num_type = 1;
   MoeInitRoutingPlan plan;
-  require(infer_moe_init_routing(x.view(), ids.view(), TensorView(), TensorView(), TensorView(), attrs, &plan),
+  require(infer_moe_init_routing(x.view(), ids.view(), TensorView(), TensorView(), TensorView(),
+                                 attrs, &plan),
           "infer");
   Host fx = from_spec(plan.expanded_x), fr = from_spec(plan.expanded_row_idx),
        fc = from_spec(plan.expert_tokens_count_or_cumsum);
@@ -511,8 +532,8 @@ void bench(const Model& m, int64_t tokens, DType dtype, double copy_gbps) {
   const TensorView dx = dev.upload(x), dids = dev.upload(ids);
   const TensorView ox = dev.output(fx), orow = dev.output(fr), oc = dev.output(fc);
   const double fwd_ms = time_ms([&] {
-    require(moe_init_routing(dx, dids, TensorView(), TensorView(), TensorView(), attrs, ox, orow, oc, TensorView(),
-                             TensorView()),
+    require(moe_init_routing(dx, dids, TensorView(), TensorView(), TensorView(), attrs, ox, orow,
+                             oc, TensorView(), TensorView()),
             "moe_init_routing");
   });
   DeviceCopies::download(ox, fx);
@@ -522,13 +543,15 @@ void bench(const Model& m, int64_t tokens, DType dtype, double copy_gbps) {
        cc = from_spec(plan.expert_tokens_count_or_cumsum);
   ExecConfig cpu;
   cpu.backend = Backend::cpu;
-  require(moe_init_routing(x.view(), ids.view(), TensorView(), TensorView(), TensorView(), attrs, cx.view(), cr.view(),
-                           cc.view(), TensorView(), TensorView(), cpu),
+  require(moe_init_routing(x.view(), ids.view(), TensorView(), TensorView(), TensorView(), attrs,
+                           cx.view(), cr.view(), cc.view(), TensorView(), TensorView(), cpu),
           "CPU forward");
   const bool fwd_ok = same(cx, fx) && same(cr, fr) && same(cc, fc);
   report(fwd_ok, "benchmark forward " + name + " differs from the CPU");
-  const double fwd_bytes = double(N * H * el) + double(P) * 4 + double(P * H * el) + double(P) * 4 + double(E) * 8;
-  result_line("moe_init_routing", "ours", name, dtype, fwd_ms, fwd_bytes, copy_gbps, fwd_ok ? "yes" : "NO");
+  const double fwd_bytes =
+      double(N * H * el) + double(P) * 4 + double(P * H * el) + double(P) * 4 + double(E) * 8;
+  result_line("moe_init_routing", "ours", name, dtype, fwd_ms, fwd_bytes, copy_gbps,
+              fwd_ok ? "yes" : "NO");
 
   // Backward (dropless) on the forward's expanded_row_idx: read every grad row once and the
   // indices, write grad_x.
@@ -541,15 +564,17 @@ void bench(const Model& m, int64_t tokens, DType dtype, double copy_gbps) {
     MoeInitRoutingGradAttrs ga;
     ga.top_k = K;
     ga.order = order;
-    const double ms = time_ms([&] { require(moe_init_routing_grad(dg, orow, ga, ogx), "moe_init_routing_grad"); });
+    const double ms = time_ms(
+        [&] { require(moe_init_routing_grad(dg, orow, ga, ogx), "moe_init_routing_grad"); });
     DeviceCopies::download(ogx, gx);
     Host expected(dtype, {N, H});
     require(moe_init_routing_grad(g.view(), fr.view(), ga, expected.view(), cpu), "CPU grad");
     const bool ok = same(expected, gx);
-    report(ok, "benchmark backward " + name + " " + accumulation_order_name(order) + " differs from the CPU");
+    report(ok, "benchmark backward " + name + " " + accumulation_order_name(order) +
+                   " differs from the CPU");
     const double bytes = double(P * H * el) + double(P) * 4 + double(N * H * el);
-    result_line("moe_init_routing_grad", order == AccumulationOrder::tree ? "ours" : "ours-seq", name, dtype, ms,
-                bytes, copy_gbps, ok ? "yes" : "NO");
+    result_line("moe_init_routing_grad", order == AccumulationOrder::tree ? "ours" : "ours-seq",
+                name, dtype, ms, bytes, copy_gbps, ok ? "yes" : "NO");
   }
 }
 
@@ -559,9 +584,12 @@ int main(int argc, char** argv) {
   bool checks = true, benchmarks = true;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--checks-only") benchmarks = false;
-    else if (arg == "--bench-only") checks = false;
-    else if (arg == "--results" && i + 1 < argc) results = std::fopen(argv[++i], "a");
+    if (arg == "--checks-only")
+      benchmarks = false;
+    else if (arg == "--bench-only")
+      checks = false;
+    else if (arg == "--results" && i + 1 < argc)
+      results = std::fopen(argv[++i], "a");
     else {
       std::fprintf(stderr, "usage: %s [--checks-only | --bench-only] [--results FILE]\n", argv[0]);
       return 2;
@@ -584,7 +612,8 @@ int main(int argc, char** argv) {
     const double copy_gbps = copy_bandwidth();
     std::printf("BENCH device-to-device cudaMemcpy: %.1f GB/s (read + write)\n", copy_gbps);
     if (results != nullptr) std::fprintf(results, "COPY|%.1f\n", copy_gbps);
-    const Model models[] = {{"DeepSeek-V3", 7168, 256, 8}, {"Qwen3", 4096, 128, 8}, {"Mixtral", 4096, 8, 2}};
+    const Model models[] = {
+        {"DeepSeek-V3", 7168, 256, 8}, {"Qwen3", 4096, 128, 8}, {"Mixtral", 4096, 8, 2}};
     for (const Model& m : models) bench(m, 8192, DType::bfloat16, copy_gbps);
     bench(models[0], 2048, DType::bfloat16, copy_gbps);
     bench(models[0], 16384, DType::bfloat16, copy_gbps);

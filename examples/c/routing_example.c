@@ -58,15 +58,14 @@ int main(void) {
 
   /* 1. Describe the inputs. */
   CHECK_STATUS(mrCreateTensor(x_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, (void*)x_host, &x));
-  CHECK_STATUS(mrCreateTensor(expert_idx_shape, 2, MR_INT32, MR_DEVICE_CPU,
-                              (void*)expert_idx_host, &expert_idx));
+  CHECK_STATUS(mrCreateTensor(expert_idx_shape, 2, MR_INT32, MR_DEVICE_CPU, (void*)expert_idx_host,
+                              &expert_idx));
 
   /* 2. The outputs' shapes: expanded_x [active_num, H], expanded_row_idx [N*K], the cumsum [E];
    *    the pre-capacity counts are not produced in dropless mode (desc[3].produced == false). */
-  CHECK_STATUS(mrMoeInitRoutingV2InferShape(x, expert_idx, kActive, /*expertCapacity=*/0,
-                                            kExperts, /*dropPadMode=*/0, /*cumsum=*/1,
-                                            /*beforeCapacityFlag=*/false, &desc[0], &desc[1],
-                                            &desc[2], &desc[3]));
+  CHECK_STATUS(mrMoeInitRoutingV2InferShape(
+      x, expert_idx, kActive, /*expertCapacity=*/0, kExperts, /*dropPadMode=*/0, /*cumsum=*/1,
+      /*beforeCapacityFlag=*/false, &desc[0], &desc[1], &desc[2], &desc[3]));
   if (desc[0].shape[0] != kActive || desc[2].shape[0] != kExperts || desc[3].produced) {
     fprintf(stderr, "unexpected output shapes\n");
     goto cleanup;
@@ -87,7 +86,8 @@ int main(void) {
    *    a training loop allocates it once and reuses it for every step of the same shape. */
   workspace = malloc((size_t)workspace_size);
   if (workspace == NULL) {
-    fprintf(stderr, "cannot allocate %llu bytes of workspace\n", (unsigned long long)workspace_size);
+    fprintf(stderr, "cannot allocate %llu bytes of workspace\n",
+            (unsigned long long)workspace_size);
     goto cleanup;
   }
 

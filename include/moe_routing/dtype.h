@@ -84,7 +84,7 @@ inline uint16_t float_to_fp16(float f) {
   uint32_t a = u & 0x7fffffffu;
   if (a > 0x7f800000u) return kCanonicalNanFloat16;
   if (a >= 0x477ff000u) return uint16_t(sign | 0x7c00u);  // >= 65520 rounds to inf
-  if (a < 0x38800000u) {                                   // below 2^-14: fp16 subnormal or zero
+  if (a < 0x38800000u) {                                  // below 2^-14: fp16 subnormal or zero
     uint32_t exponent = a >> 23;
     if (exponent < 102) return sign;  // below 2^-25: rounds to zero
     uint32_t mantissa = (a & 0x7fffffu) | 0x800000u;

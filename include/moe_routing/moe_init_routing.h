@@ -188,8 +188,8 @@ struct MoeInitRoutingPlan {
   int64_t expert_num = 0;       // E
   int64_t expert_capacity = 0;  // C (drop-pad only, else 0)
   bool drop_pad = false;
-  int64_t range_start = 0;      // s: pairs with s <= id < range_end are routed
-  int64_t range_end = 0;        // e_end
+  int64_t range_start = 0;  // s: pairs with s <= id < range_end are routed
+  int64_t range_end = 0;    // e_end
   /// Dropless: at most this many routed rows are written (active_num > 0 ? active_num : N*K).
   int64_t row_limit = 0;
   int64_t quant_mode = -1;

@@ -1,6 +1,7 @@
 // moe_init_routing_grad: the backward of moe_init_routing (CANN aclnnMoeInitRoutingV2Grad).
 //
-//   grad_x[i, :] = sum over t in [0, top_k) of grad_expanded_x_rows[expanded_row_idx[i*top_k + t], :]
+//   grad_x[i, :] = sum over t in [0, top_k) of grad_expanded_x_rows[expanded_row_idx[i*top_k + t],
+//   :]
 //
 // summed in float32 in a documented order (AccumulationOrder), skipping dropped pairs, and rounded
 // once (round-to-nearest-even) to the dtype of grad_expanded_x. See docs/moe_init_routing_grad.md.
@@ -30,7 +31,8 @@ bool parse_accumulation_order(const char* text, AccumulationOrder* order);
 /// The three scenarios, decided by drop_pad_mode and active_num.
 enum class GradScenario : int32_t {
   dropless = 0,  // drop_pad_mode 0, active_num 0: grad_expanded_x [N*K, H]
-  active = 1,    // drop_pad_mode 0, active_num > 0: grad_expanded_x [active rows, H]; idx >= active_num skipped
+  active = 1,    // drop_pad_mode 0, active_num > 0: grad_expanded_x [active rows, H]; idx >=
+                 // active_num skipped
   drop_pad = 2,  // drop_pad_mode 1: grad_expanded_x [E, C, H] viewed as [E*C, H]; idx -1 skipped
 };
 

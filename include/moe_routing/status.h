@@ -22,7 +22,8 @@ enum class StatusCode : int {
   runtime = 5,
 };
 
-/// "ok", "invalid argument", "index out of range", "not supported", "internal error", "runtime error".
+/// "ok", "invalid argument", "index out of range", "not supported", "internal error", "runtime
+/// error".
 const char* status_code_name(StatusCode code);
 
 class [[nodiscard]] Status {
@@ -44,7 +45,8 @@ class [[nodiscard]] Status {
 /// Exception form of a non-ok Status, for C++ callers who prefer exceptions.
 class Error : public std::runtime_error {
  public:
-  explicit Error(const Status& status) : std::runtime_error(status.message()), code_(status.code()) {}
+  explicit Error(const Status& status)
+      : std::runtime_error(status.message()), code_(status.code()) {}
   StatusCode code() const { return code_; }
 
  private:
@@ -89,8 +91,8 @@ Status runtime_error(const Parts&... parts) {
 }  // namespace moe_routing
 
 /// Returns early from the enclosing function with the status if it is not ok.
-#define MOE_ROUTING_RETURN_IF_ERROR(expr)               \
-  do {                                                  \
-    ::moe_routing::Status moe_routing_status_ = (expr); \
+#define MOE_ROUTING_RETURN_IF_ERROR(expr)                         \
+  do {                                                            \
+    ::moe_routing::Status moe_routing_status_ = (expr);           \
     if (!moe_routing_status_.is_ok()) return moe_routing_status_; \
   } while (0)

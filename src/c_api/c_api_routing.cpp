@@ -257,11 +257,10 @@ mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* e
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, mrExecutor::Operator::moe_init_routing,
                                                 owned.get(), workspace, workspaceSize));
     const mrExecutor::Routing& call = owned->routing;
-    return moe_routing::moe_init_routing(call.x, call.expert_idx, call.scale, call.offset,
-                                         call.topk_weight, call.attrs, call.expanded_x,
-                                         call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
-                                         call.expanded_scale, call.expanded_topk_weight,
-                                         owned->config(workspace, workspaceSize));
+    return moe_routing::moe_init_routing(
+        call.x, call.expert_idx, call.scale, call.offset, call.topk_weight, call.attrs,
+        call.expanded_x, call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
+        call.expanded_scale, call.expanded_topk_weight, owned->config(workspace, workspaceSize));
   });
 }
 

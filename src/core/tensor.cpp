@@ -22,8 +22,7 @@ TensorView::TensorView(void* data_, DType dtype_, std::initializer_list<int64_t>
   }
 }
 
-TensorView::TensorView(void* data_, DType dtype_, int ndim_, const int64_t* shape_,
-                       Device device_)
+TensorView::TensorView(void* data_, DType dtype_, int ndim_, const int64_t* shape_, Device device_)
     : data(data_), dtype(dtype_), device(device_) {
   ndim = ndim_ < 0 ? 0 : (ndim_ > kMaxDims ? kMaxDims : ndim_);
   for (int d = 0; d < ndim; ++d) shape[d] = shape_[d];

@@ -153,8 +153,9 @@ void set_num_threads(int num_threads) {
 int get_num_threads() { return default_threads().load(); }
 
 void set_parallel_backend(ParallelForFn parallel_for, int64_t min_bytes_per_thread) {
-  backend_min_bytes_per_thread().store(parallel_for == nullptr ? detail::kMinBytesPerThread
-                                                               : std::max<int64_t>(1, min_bytes_per_thread));
+  backend_min_bytes_per_thread().store(parallel_for == nullptr
+                                           ? detail::kMinBytesPerThread
+                                           : std::max<int64_t>(1, min_bytes_per_thread));
   parallel_backend().store(parallel_for);
 }
 
@@ -173,11 +174,12 @@ void reserve_threads(int num_threads) { ThreadPool::instance().reserve(num_threa
 void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn) {
   if (num_threads > 1 && num_tasks > 1) {
     if (const ParallelForFn host = parallel_backend().load(std::memory_order_relaxed)) {
-      host(num_tasks, num_threads,
-           [](void* context, int64_t begin, int64_t end) {
-             (*static_cast<const RangeFn*>(context))(begin, end);
-           },
-           &fn);
+      host(
+          num_tasks, num_threads,
+          [](void* context, int64_t begin, int64_t end) {
+            (*static_cast<const RangeFn*>(context))(begin, end);
+          },
+          &fn);
       return;
     }
   }

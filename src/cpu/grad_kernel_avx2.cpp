@@ -79,7 +79,8 @@ struct Avx2Ops {
     const __m256i u = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
     const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
-    return _mm256_blendv_epi8(rounded, _mm256_set1_epi32(int(uint32_t(kCanonicalNanBfloat16) << 16)),
+    return _mm256_blendv_epi8(rounded,
+                              _mm256_set1_epi32(int(uint32_t(kCanonicalNanBfloat16) << 16)),
                               _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
   }
 
@@ -93,7 +94,8 @@ struct Avx2Ops {
       store128<Stream>(dst + 8, narrow_fp16(v.hi));
     } else {
       const __m256i even = _mm256_srli_epi32(round_bf16_high(v.lo), 16);
-      const __m256i odd = _mm256_and_si256(round_bf16_high(v.hi), _mm256_set1_epi32(int(0xffff0000u)));
+      const __m256i odd =
+          _mm256_and_si256(round_bf16_high(v.hi), _mm256_set1_epi32(int(0xffff0000u)));
       store256<Stream>(dst, _mm256_or_si256(even, odd));
     }
   }

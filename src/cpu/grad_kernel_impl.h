@@ -44,10 +44,14 @@ struct ScalarOps {
   static V load_float(const float* p) { return *p; }
   static void store_float(float* p, V v) { *p = v; }
   template <class Tag>
-  static V load(const typename Tag::storage* p) { return Tag::widen(p); }
+  static V load(const typename Tag::storage* p) {
+    return Tag::widen(p);
+  }
   /// Narrows once (RNE) and stores; NaN becomes the canonical NaN.
   template <class Tag, bool Stream = false>
-  static void store(typename Tag::storage* p, V v) { Tag::narrow(p, v); }
+  static void store(typename Tag::storage* p, V v) {
+    Tag::narrow(p, v);
+  }
   static void stream_fence() {}
 };
 
@@ -100,9 +104,7 @@ inline void tree_columns(const RowAddends<typename Tag::storage>& row, int64_t K
                          typename Tag::storage* out) {
   const int64_t K = KC > 0 ? KC : K_;
   auto present = [&row](int64_t t) { return KC > 0 || row.present[t]; };
-  auto load = [&row, j](int64_t t) {
-    return O::template load<Tag>(row.source[t] + j);
-  };
+  auto load = [&row, j](int64_t t) { return O::template load<Tag>(row.source[t] + j); };
   typename O::V bin[B];
 #pragma GCC unroll 8
   for (int b = 0; b < B; ++b)  // step 1: seed with addend 2b, +0.0 if skipped
@@ -136,8 +138,7 @@ inline void sequential_columns(const RowAddends<typename Tag::storage>& row, int
   typename O::V acc = O::zero();
 #pragma GCC unroll 8
   for (int64_t t = 0; t < K; ++t)
-    if (KC > 0 || row.present[t])
-      acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
+    if (KC > 0 || row.present[t]) acc = O::add(acc, O::template load<Tag>(row.source[t] + j));
   O::template store<Tag, Stream>(out + j, acc);
 }
 
@@ -173,8 +174,7 @@ inline void row_columns(const RowAddends<typename Tag::storage>& addends, int64_
       for (int64_t v = 0; v < kStep; v += Ops::W)
         columns<Ops, Tag, B, false, KC>(row, K, j + v, out, sequential);
   }
-  for (; j + Ops::W <= c1; j += Ops::W)
-    columns<Ops, Tag, B, false, KC>(row, K, j, out, sequential);
+  for (; j + Ops::W <= c1; j += Ops::W) columns<Ops, Tag, B, false, KC>(row, K, j, out, sequential);
   for (; j < c1; ++j) columns<ScalarOps, Tag, B, false, KC>(row, K, j, out, sequential);
 }
 
@@ -206,7 +206,8 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
   const bool sequential = plan.order == AccumulationOrder::sequential;
   const S* source = static_cast<const S*>(args.grad_expanded_x);
   S* output = static_cast<S*>(args.grad_x);
-  RowAddends<S> row{};  // value-initialised: row_columns copies all of it, K entries are set per row
+  RowAddends<S>
+      row{};  // value-initialised: row_columns copies all of it, K entries are set per row
   NeutralRows<S> neutral;  // filled on the first row that needs it
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t i = unit / args.tiles_per_row;

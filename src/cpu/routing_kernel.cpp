@@ -166,7 +166,8 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Quan
 
 /// Whether expanded_x is large enough to be written with non-temporal stores (core/memory_hints.h).
 bool streams_expanded_x(const RoutingProblem& pr) {
-  const double element = pr.quant_mode == -1 ? double(dtype_size(pr.x_dtype)) : 1.0;  // int8 when quantised
+  const double element =
+      pr.quant_mode == -1 ? double(dtype_size(pr.x_dtype)) : 1.0;  // int8 when quantised
   // In double: an empty x may come with any hidden size, whose byte count overflows int64.
   return double(pr.hidden) * element * double(pr.expanded_rows) >=
          double(detail::streaming_store_threshold());
@@ -248,8 +249,8 @@ void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& stati
 
 /// Writes rows [first, rows) (see RowWriter::write), in parallel.
 template <class Source>
-void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params, int64_t first,
-                int64_t rows, int num_threads, bool avx2, const Source& source) {
+void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params,
+                int64_t first, int64_t rows, int num_threads, bool avx2, const Source& source) {
   if (first >= rows) return;
   switch (pr.x_dtype) {
     case DType::float16:
@@ -332,10 +333,10 @@ void write_counts(const RoutingProblem& pr, const int64_t* totals) {
 /// Sizes depend on the problem's sizes and attributes and the thread count, never on the data:
 /// whatever the expert ids turn out to be, the kernel fits.
 struct ScratchLayout {
-  int64_t blocks = 1;            // blocks of the key pass
-  bool radix_possible = false;   // a sort may need the radix passes (then `scratch` is needed)
+  int64_t blocks = 1;           // blocks of the key pass
+  bool radix_possible = false;  // a sort may need the radix passes (then `scratch` is needed)
   uint64_t keys = 0, order = 0, scratch = 0, block_max = 0, totals = 0, first = 0, offsets = 0;
-  uint64_t bytes = 0;            // including the slack to align an arbitrary base
+  uint64_t bytes = 0;  // including the slack to align an arbitrary base
 };
 
 constexpr uint64_t kScratchAlign = 64;
@@ -346,7 +347,8 @@ ScratchLayout scratch_layout(const RoutingProblem& pr, int num_threads) {
   layout.blocks = std::max<int64_t>(1, std::min<int64_t>(num_threads, P / 16384));
   // The key range of the main sort: the whole expert range when counts are written, else up to
   // the largest routed key + 1 (ids are int32, so at most 2^32 keys either way).
-  const uint64_t range = uint64_t(std::min<int64_t>(pr.range_end - pr.range_start, int64_t(1) << 32));
+  const uint64_t range =
+      uint64_t(std::min<int64_t>(pr.range_end - pr.range_start, int64_t(1) << 32));
   const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;  // may sort any int32 ids
   const uint64_t max_range = scatter_tail ? std::max<uint64_t>(range, uint64_t(1) << 32) : range;
   layout.radix_possible = max_range > kDirectBuckets;
@@ -362,7 +364,8 @@ ScratchLayout scratch_layout(const RoutingProblem& pr, int num_threads) {
   layout.block_max = region(uint64_t(layout.blocks) * 2 * sizeof(int64_t));
   layout.totals = region(pr.needs_counts() ? range * sizeof(int64_t) : 0);
   layout.first = region(pr.drop_pad ? uint64_t(pr.expert_num) * sizeof(int64_t) : 0);
-  layout.offsets = region(uint64_t(sort_offsets_entries(P, max_range, num_threads)) * sizeof(int64_t));
+  layout.offsets =
+      region(uint64_t(sort_offsets_entries(P, max_range, num_threads)) * sizeof(int64_t));
   layout.bytes = at + kScratchAlign;
   return layout;
 }
@@ -522,23 +525,24 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
     // Rows without a pair are zero: the tail of a dropless layout, empty drop-pad slots.
     if (pr.drop_pad) {
       const int64_t C = pr.expert_capacity;
-      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t slot) -> int64_t {
-        return (slot % C) < totals[slot / C] ? -2 : -1;  // -2: written by the scatter
-      });
+      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2,
+                 [&](int64_t slot) -> int64_t {
+                   return (slot % C) < totals[slot / C] ? -2 : -1;  // -2: written by the scatter
+                 });
     } else {  // only the tail past the routed rows (often empty: no second parallel pass)
       write_rows(pr, static_params, rows_with_data, pr.expanded_rows, num_threads, avx2,
                  [](int64_t) -> int64_t { return -1; });
     }
   } else if (pr.drop_pad) {
     const int64_t C = pr.expert_capacity;
-    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t slot) -> int64_t {
-      const int64_t e = slot / C, c = slot % C;
-      return c < totals[e] ? sorted[first[e] + c] : -1;
-    });
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2,
+               [&](int64_t slot) -> int64_t {
+                 const int64_t e = slot / C, c = slot % C;
+                 return c < totals[e] ? sorted[first[e] + c] : -1;
+               });
   } else {
-    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t d) -> int64_t {
-      return d < rows_with_data ? sorted[d] : -1;
-    });
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2,
+               [&](int64_t d) -> int64_t { return d < rows_with_data ? sorted[d] : -1; });
   }
   write_counts(pr, totals);
 }

@@ -77,8 +77,8 @@ int64_t sort_offsets_entries(int64_t n, uint64_t max_range, int num_threads) {
   // block count does not depend on b; above, blocks * b <= max(b, min(t * b, n)).
   const int64_t t = std::max(1, num_threads);
   const int64_t most = int64_t(std::min<uint64_t>(max_range, kDirectBuckets));
-  const int64_t small = std::min(most, kMinItemsPerBlock) *
-                        std::max<int64_t>(1, std::min(t, n / kMinItemsPerBlock));
+  const int64_t small =
+      std::min(most, kMinItemsPerBlock) * std::max<int64_t>(1, std::min(t, n / kMinItemsPerBlock));
   const int64_t large = most > kMinItemsPerBlock ? std::max(most, std::min(t * most, n)) : 0;
   return std::max(small, large);
 }
@@ -87,8 +87,8 @@ int64_t stable_counting_sort(const uint32_t* keys, int64_t n, uint64_t range, in
                              int32_t* order, int32_t* scratch, int64_t* totals, int32_t* rank,
                              int64_t* offsets) {
   if (range <= kDirectBuckets)
-    return counting_pass<true>(nullptr, n, keys, 0, 0xffffffffu, range, num_threads, order,
-                               totals, rank, offsets);
+    return counting_pass<true>(nullptr, n, keys, 0, 0xffffffffu, range, num_threads, order, totals,
+                               rank, offsets);
   // LSD radix: a stable pass on the low 16 bits, then a stable pass on the high bits.
   const int64_t m = counting_pass<true>(nullptr, n, keys, 0, 0xffffu, kDirectBuckets, num_threads,
                                         scratch, nullptr, nullptr, offsets);

@@ -42,10 +42,9 @@ DeviceScope::DeviceScope(const char* op, std::initializer_list<DevicePointer> po
       return;
     }
     if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
-      status_ = invalid_argument(op, p.name,
-                                 " must be CUDA device memory for a tensor on device cuda, got ",
-                                 attributes.type == cudaMemoryTypeHost ? "pinned host memory"
-                                                                       : "host memory");
+      status_ = invalid_argument(
+          op, p.name, " must be CUDA device memory for a tensor on device cuda, got ",
+          attributes.type == cudaMemoryTypeHost ? "pinned host memory" : "host memory");
       return;
     }
     if (first_name == nullptr) {
@@ -97,8 +96,8 @@ Status library_pool(const char* op, int device, cudaMemPool_t* pool) {
   if (state[size_t(device)] == 0) {
     state[size_t(device)] = -1;
     int supported = 0;
-    MOE_ROUTING_CUDA_CHECK(op, cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported,
-                                                      device));
+    MOE_ROUTING_CUDA_CHECK(
+        op, cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.handleTypes = cudaMemHandleTypeNone;
@@ -107,8 +106,7 @@ Status library_pool(const char* op, int device, cudaMemPool_t* pool) {
     cudaMemPool_t created = nullptr;
     if (supported && cudaMemPoolCreate(&created, &props) == cudaSuccess) {
       uint64_t keep = Scratch::kPoolKeepBytes;
-      static_cast<void>(
-          cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep));
+      static_cast<void>(cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep));
       pools[size_t(device)] = created;
       state[size_t(device)] = 1;
     }
@@ -199,8 +197,8 @@ Status v2_expert_id_error(int64_t top_k, int64_t limit, int64_t position, int64_
   if (limit == std::numeric_limits<int64_t>::max())
     return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k,
                               "] = ", id, " is negative (expert ids must be >= 0)");
-  return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k, "] = ",
-                            id, " is outside [0, ", limit, ") (expert_num)");
+  return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k, "] = ", id,
+                            " is outside [0, ", limit, ") (expert_num)");
 }
 
 // ---- device_memory.h ---------------------------------------------------------------------------
@@ -240,8 +238,7 @@ std::string device_description() {
 
 DeviceBuffer::~DeviceBuffer() { release(); }
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : data_(other.data_), size_(other.size_) {
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), size_(other.size_) {
   other.data_ = nullptr;
   other.size_ = 0;
 }
@@ -279,7 +276,8 @@ Status DeviceBuffer::allocate(size_t bytes) {
 
 Status DeviceBuffer::upload(const void* host, size_t bytes) {
   MOE_ROUTING_RETURN_IF_ERROR(allocate(bytes));
-  if (bytes > 0) MOE_ROUTING_CUDA_CHECK(kHelper, cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice));
+  if (bytes > 0)
+    MOE_ROUTING_CUDA_CHECK(kHelper, cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice));
   return Status::ok();
 }
 
@@ -287,7 +285,8 @@ Status DeviceBuffer::download(void* host, size_t bytes) const {
   if (bytes > size_)
     return invalid_argument(kHelper, "download size must be at most the buffer's ", size_,
                             " bytes, got ", bytes);
-  if (bytes > 0) MOE_ROUTING_CUDA_CHECK(kHelper, cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost));
+  if (bytes > 0)
+    MOE_ROUTING_CUDA_CHECK(kHelper, cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost));
   return Status::ok();
 }
 

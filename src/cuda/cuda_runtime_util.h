@@ -16,11 +16,11 @@ namespace moe_routing::cuda {
 /// runtime_error: "<op>: <what> must succeed, got <cudaErrorName>: <description>".
 Status cuda_error(const char* op, const char* what, cudaError_t error);
 
-#define MOE_ROUTING_CUDA_CHECK(op, call)                                                   \
-  do {                                                                                     \
-    const cudaError_t moe_routing_cuda_error_ = (call);                                    \
-    if (moe_routing_cuda_error_ != cudaSuccess)                                            \
-      return ::moe_routing::cuda::cuda_error(op, #call, moe_routing_cuda_error_);          \
+#define MOE_ROUTING_CUDA_CHECK(op, call)                                          \
+  do {                                                                            \
+    const cudaError_t moe_routing_cuda_error_ = (call);                           \
+    if (moe_routing_cuda_error_ != cudaSuccess)                                   \
+      return ::moe_routing::cuda::cuda_error(op, #call, moe_routing_cuda_error_); \
   } while (0)
 
 /// After a launch: the launch's error, if any, as a Status naming the kernel (checked launches).

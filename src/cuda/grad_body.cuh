@@ -81,14 +81,14 @@ struct OrderWalk {
 template <int kLevels, int W>
 MOE_HD void merge_bin(float (&stack)[kLevels > 0 ? kLevels : 1][W], float (&carry)[W], int32_t b) {
   bool done = false;
-MOE_UNROLL
+  MOE_UNROLL
   for (int l = 0; l < kLevels; ++l) {
     if (!done) {
       if ((b >> l) & 1) {
-MOE_UNROLL
+        MOE_UNROLL
         for (int w = 0; w < W; ++w) carry[w] = num::add(stack[l][w], carry[w]);
       } else {
-MOE_UNROLL
+        MOE_UNROLL
         for (int w = 0; w < W; ++w) stack[l][w] = carry[w];
         done = true;
       }
@@ -142,8 +142,8 @@ struct GradArgs {
   int64_t skip_from;                // values >= skip_from (and -1) are skipped
   int64_t bins;                     // B of the tree order (1 for sequential)
   bool sequential;
-  int64_t vectors_per_row;          // H / W
-  bool items_fit_32_bits;           // N * vectors_per_row < 2^32: 32-bit division is enough
+  int64_t vectors_per_row;  // H / W
+  bool items_fit_32_bits;   // N * vectors_per_row < 2^32: 32-bit division is enough
 };
 
 /// Computes the items first_item + k * item_stride, k < V (those below N * vectors_per_row).
@@ -161,7 +161,7 @@ MOE_HD void grad_items(const GradArgs& a, int64_t first_item, int64_t item_strid
   bool active[V];
   int64_t row[V];     // the item's output row
   int64_t column[V];  // its first column
-MOE_UNROLL
+  MOE_UNROLL
   for (int k = 0; k < V; ++k) {
     const int64_t item = first_item + int64_t(k) * item_stride;
     active[k] = item < total;
@@ -175,20 +175,19 @@ MOE_UNROLL
   constexpr int kStack = kLevels > 0 ? kLevels : 1;
   float stack[V][kStack][W];  // every level is written before it is read (zeroed for compilers)
   float acc[V][W];            // the open bin; after the walk, the result
-MOE_UNROLL
-  for (int k = 0; k < V; ++k)
-MOE_UNROLL
-    for (int w = 0; w < W; ++w) {
-      acc[k][w] = 0.0f;
-MOE_UNROLL
-      for (int l = 0; l < kStack; ++l) stack[k][l][w] = 0.0f;
-    }
+  MOE_UNROLL
+  for (int k = 0; k < V; ++k) MOE_UNROLL
+  for (int w = 0; w < W; ++w) {
+    acc[k][w] = 0.0f;
+    MOE_UNROLL
+    for (int l = 0; l < kStack; ++l) stack[k][l][w] = 0.0f;
+  }
 
   OrderWalk walk(K, a.bins, a.sequential);
   for (int64_t step0 = 0; step0 < K; step0 += D) {
     int32_t t[D], bin[D];
     bool valid[D], start[D], seed[D], end[D];
-MOE_UNROLL
+    MOE_UNROLL
     for (int u = 0; u < D; ++u) {
       valid[u] = step0 + u < K;
       t[u] = bin[u] = 0;
@@ -197,37 +196,34 @@ MOE_UNROLL
     }
     // Round 1: the indices; round 2: the addend vectors (only the present ones).
     int32_t r[D][V];
-MOE_UNROLL
-    for (int u = 0; u < D; ++u)
-MOE_UNROLL
-      for (int k = 0; k < V; ++k) {
-        const int32_t* index = a.expanded_row_idx + row[k] * K + t[u];
+    MOE_UNROLL
+    for (int u = 0; u < D; ++u) MOE_UNROLL
+    for (int k = 0; k < V; ++k) {
+      const int32_t* index = a.expanded_row_idx + row[k] * K + t[u];
 #if defined(__CUDA_ARCH__)
-        r[u][k] = valid[u] && active[k] ? __ldg(index) : -1;
+      r[u][k] = valid[u] && active[k] ? __ldg(index) : -1;
 #else
-        r[u][k] = valid[u] && active[k] ? *index : -1;
+      r[u][k] = valid[u] && active[k] ? *index : -1;
 #endif
-      }
+    }
     bool present[D][V];
     typename Vec::Pack value[D][V];
-MOE_UNROLL
-    for (int u = 0; u < D; ++u)
-MOE_UNROLL
-      for (int k = 0; k < V; ++k) {
-        present[u][k] = !(r[u][k] == -1 || int64_t(r[u][k]) >= a.skip_from);
-        value[u][k] = present[u][k] ? Vec::load(source + int64_t(r[u][k]) * H + column[k])
-                                    : typename Vec::Pack{};
-      }
-MOE_UNROLL
+    MOE_UNROLL
+    for (int u = 0; u < D; ++u) MOE_UNROLL
+    for (int k = 0; k < V; ++k) {
+      present[u][k] = !(r[u][k] == -1 || int64_t(r[u][k]) >= a.skip_from);
+      value[u][k] = present[u][k] ? Vec::load(source + int64_t(r[u][k]) * H + column[k])
+                                  : typename Vec::Pack{};
+    }
+    MOE_UNROLL
     for (int u = 0; u < D; ++u) {
       if (!valid[u]) continue;
-MOE_UNROLL
+      MOE_UNROLL
       for (int k = 0; k < V; ++k) {
-        if (start[u])
-MOE_UNROLL
-          for (int w = 0; w < W; ++w) acc[k][w] = 0.0f;
+        if (start[u]) MOE_UNROLL
+        for (int w = 0; w < W; ++w) acc[k][w] = 0.0f;
         if (present[u][k]) {
-MOE_UNROLL
+          MOE_UNROLL
           for (int w = 0; w < W; ++w) {
             const float x = Tag::widen(value[u][k].e[w]);
             acc[k][w] = seed[u] ? x : num::add(acc[k][w], x);
@@ -239,11 +235,11 @@ MOE_UNROLL
       }
     }
   }
-MOE_UNROLL
+  MOE_UNROLL
   for (int k = 0; k < V; ++k) {
     if (!active[k]) continue;
     typename Vec::Pack out;
-MOE_UNROLL
+    MOE_UNROLL
     for (int w = 0; w < W; ++w) out.e[w] = Tag::narrow(acc[k][w]);
     Vec::store(output + row[k] * H + column[k], out);
   }

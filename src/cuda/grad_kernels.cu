@@ -42,8 +42,8 @@ template <class Tag, int kBytes, int D, int V, int kLevels>
 Status launch_grad(const GradArgs& args, cudaStream_t stream) {
   auto kernel = grad_kernel<Tag, kBytes, D, V, kLevels>;
   int resident = 0;
-  MOE_ROUTING_CUDA_CHECK(kOp, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel,
-                                                                            kThreads, 0));
+  MOE_ROUTING_CUDA_CHECK(
+      kOp, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0));
   const int64_t items = args.num_rows * args.vectors_per_row;
   const int64_t work_blocks = (items + int64_t(kThreads) * V - 1) / (int64_t(kThreads) * V);
   const int64_t blocks = grid_blocks(work_blocks, resident);
@@ -58,9 +58,10 @@ Status launch_grad(const GradArgs& args, cudaStream_t stream) {
 template <class Tag>
 Status launch_for_dtype(const GradArgs& args, bool vectorized, int levels, cudaStream_t stream) {
   const int64_t K = args.top_k;
-  if (!vectorized) return launch_grad<Tag, int(sizeof(typename Tag::Storage)), 8, 1, 6>(args, stream);
-  if (K <= 2) return launch_grad<Tag, 16, 2, 4, 0>(args, stream);  // K <= 3 has one bin
-  if (K <= 4) return launch_grad<Tag, 16, 4, 2, 1>(args, stream);  // at most 2 bins
+  if (!vectorized)
+    return launch_grad<Tag, int(sizeof(typename Tag::Storage)), 8, 1, 6>(args, stream);
+  if (K <= 2) return launch_grad<Tag, 16, 2, 4, 0>(args, stream);       // K <= 3 has one bin
+  if (K <= 4) return launch_grad<Tag, 16, 4, 2, 1>(args, stream);       // at most 2 bins
   if (levels <= 2) return launch_grad<Tag, 16, 8, 1, 2>(args, stream);  // K < 16, or sequential
   return launch_grad<Tag, 16, 4, 1, 6>(args, stream);
 }
@@ -74,10 +75,10 @@ Status moe_init_routing_grad(const void* grad_expanded_x, const int32_t* expande
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const size_t element = dtype_size(plan.dtype);
   const int64_t pairs = plan.num_rows * plan.top_k;
-  DeviceScope scope(kOp, {{"grad_expanded_x", grad_expanded_x,
-                           size_t(plan.source_rows * plan.hidden) * element},
-                          {"expanded_row_idx", expanded_row_idx, size_t(pairs) * sizeof(int32_t)},
-                          {"grad_x", grad_x, size_t(plan.num_rows * plan.hidden) * element}});
+  DeviceScope scope(
+      kOp, {{"grad_expanded_x", grad_expanded_x, size_t(plan.source_rows * plan.hidden) * element},
+            {"expanded_row_idx", expanded_row_idx, size_t(pairs) * sizeof(int32_t)},
+            {"grad_x", grad_x, size_t(plan.num_rows * plan.hidden) * element}});
   MOE_ROUTING_RETURN_IF_ERROR(scope.status());
   if (scope.empty()) return Status::ok();
 
@@ -92,8 +93,8 @@ Status moe_init_routing_grad(const void* grad_expanded_x, const int32_t* expande
         expanded_row_idx, pairs, plan.skip_from, plan.source_rows, first_bad);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(kOp, "check_grad_indices"));
     uint32_t verdict = kNoError;
-    MOE_ROUTING_CUDA_CHECK(kOp, cudaMemcpyAsync(&verdict, first_bad, sizeof verdict,
-                                                cudaMemcpyDeviceToHost, stream));
+    MOE_ROUTING_CUDA_CHECK(
+        kOp, cudaMemcpyAsync(&verdict, first_bad, sizeof verdict, cudaMemcpyDeviceToHost, stream));
     MOE_ROUTING_CUDA_CHECK(kOp, cudaStreamSynchronize(stream));
     if (verdict != kNoError) {
       int32_t value = 0;
@@ -108,8 +109,8 @@ Status moe_init_routing_grad(const void* grad_expanded_x, const int32_t* expande
   // 2. The gather-reduce.
   const bool sequential = plan.order == AccumulationOrder::sequential;
   const TreeShape tree = tree_shape(plan.top_k);
-  const bool vectorized = (plan.hidden * int64_t(element)) % 16 == 0 && aligned16(grad_expanded_x) &&
-                          aligned16(grad_x);
+  const bool vectorized =
+      (plan.hidden * int64_t(element)) % 16 == 0 && aligned16(grad_expanded_x) && aligned16(grad_x);
   GradArgs args{};
   args.grad_expanded_x = grad_expanded_x;
   args.expanded_row_idx = expanded_row_idx;

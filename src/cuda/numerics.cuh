@@ -154,7 +154,7 @@ MOE_HD int8_t int8_round_half_away(float q) {
 MOE_HD int8_t int8_round_half_even(float q) {
   q = is_nan(q) ? 0.0f : q;
   q = q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q);
-  const int32_t whole = int32_t(q);          // toward zero; |q| <= 128 so exact
+  const int32_t whole = int32_t(q);              // toward zero; |q| <= 128 so exact
   const float fraction = add(q, -float(whole));  // exact
   const bool odd = (whole & 1) != 0;
   const int32_t up = int32_t(fraction > 0.5f || (fraction == 0.5f && odd));

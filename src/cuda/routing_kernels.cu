@@ -155,11 +155,11 @@ __global__ void __launch_bounds__(kThreads) routing_row_idx(RowIdxArgs a) {
 // ---- 6. rows --------------------------------------------------------------------------------
 
 struct RowsArgs {
-  const void* x;                 // [N, H]
-  const int32_t* expert_idx;     // [N*K]
-  const float* scale;            // q -1: [N]; q 0: [1]; q 1: [scale_rows, H]; or null
-  const float* offset;           // q 0: [1] or null
-  const float* topk_weight;      // [N*K] or null
+  const void* x;              // [N, H]
+  const int32_t* expert_idx;  // [N*K]
+  const float* scale;         // q -1: [N]; q 0: [1]; q 1: [scale_rows, H]; or null
+  const float* offset;        // q 0: [1] or null
+  const float* topk_weight;   // [N*K] or null
   int64_t scale_rows;
   int64_t num_rows, top_k, hidden;  // N, K, H
   int64_t range_start;
@@ -200,10 +200,11 @@ __device__ __forceinline__ int64_t dropless_rows_with_data(const RowsArgs& a) {
   return a.drop_pad ? a.rows : min(a.row_limit, int64_t(a.flags->routed));
 }
 
-/// quant_mode -1, one group of 2^lanes_log2 threads per token: the token's row is read once (T-sized
-/// accesses, kUnroll in flight per thread) and written to the destination row or slot of each of
-/// its pairs that has one, with expanded_scale (= scale[token]) and expanded_topk_weight. Reading
-/// each x row once, rather than once per pair, keeps the traffic at the bytes that must move.
+/// quant_mode -1, one group of 2^lanes_log2 threads per token: the token's row is read once
+/// (T-sized accesses, kUnroll in flight per thread) and written to the destination row or slot of
+/// each of its pairs that has one, with expanded_scale (= scale[token]) and expanded_topk_weight.
+/// Reading each x row once, rather than once per pair, keeps the traffic at the bytes that must
+/// move.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     scatter_rows(RowsArgs a, int lanes_log2, int64_t vectors_per_row) {
@@ -328,7 +329,8 @@ __global__ void __launch_bounds__(kThreads) dynamic_quant_rows(RowsArgs a) {
     const S* in = static_cast<const S*>(a.x) + (p / a.top_k) * H;
     const float* smooth = nullptr;
     if (a.scale != nullptr)
-      smooth = a.scale + (a.scale_rows == 1 ? 0 : (int64_t(__ldg(a.expert_idx + p)) - a.range_start)) * H;
+      smooth = a.scale +
+               (a.scale_rows == 1 ? 0 : (int64_t(__ldg(a.expert_idx + p)) - a.range_start)) * H;
     float local_max = 0.0f;
     int nan_seen = 0;
     for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
@@ -447,7 +449,8 @@ int key_bits(uint64_t n) {
 template <class Kernel>
 int resident_blocks(Kernel kernel) {
   int resident = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0) !=
+          cudaSuccess ||
       resident <= 0)
     resident = 1;
   return resident;
@@ -529,19 +532,20 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   const size_t out_element = pr.quant_mode == -1 ? x_element : 1;
   size_t scale_bytes = 0;
   if (pr.scale != nullptr)
-    scale_bytes = pr.quant_mode == -1 ? size_t(N) * 4
+    scale_bytes = pr.quant_mode == -1  ? size_t(N) * 4
                   : pr.quant_mode == 0 ? 4
                                        : size_t(pr.scale_rows * H) * 4;
-  DeviceScope scope(op, {{"x", pr.x, size_t(N * H) * x_element},
-                         {"expert_idx", pr.expert_idx, size_t(P) * 4},
-                         {"scale", pr.scale, scale_bytes},
-                         {"offset", pr.offset, pr.offset != nullptr ? size_t(4) : 0},
-                         {"topk_weight", pr.topk_weight, pr.topk_weight != nullptr ? size_t(P) * 4 : 0},
-                         {"expanded_x", pr.expanded_x, size_t(pr.expanded_rows * H) * out_element},
-                         {"expanded_row_idx", pr.expanded_row_idx, size_t(P) * 4},
-                         {"expanded_scale", pr.expanded_scale, size_t(pr.expanded_rows) * 4},
-                         {"expanded_topk_weight", pr.expanded_topk_weight, size_t(pr.expanded_rows) * 4},
-                         {"expert_tokens_count_or_cumsum", pr.counts, count_bytes(pr)}});
+  DeviceScope scope(
+      op, {{"x", pr.x, size_t(N * H) * x_element},
+           {"expert_idx", pr.expert_idx, size_t(P) * 4},
+           {"scale", pr.scale, scale_bytes},
+           {"offset", pr.offset, pr.offset != nullptr ? size_t(4) : 0},
+           {"topk_weight", pr.topk_weight, pr.topk_weight != nullptr ? size_t(P) * 4 : 0},
+           {"expanded_x", pr.expanded_x, size_t(pr.expanded_rows * H) * out_element},
+           {"expanded_row_idx", pr.expanded_row_idx, size_t(P) * 4},
+           {"expanded_scale", pr.expanded_scale, size_t(pr.expanded_rows) * 4},
+           {"expanded_topk_weight", pr.expanded_topk_weight, size_t(pr.expanded_rows) * 4},
+           {"expert_tokens_count_or_cumsum", pr.counts, count_bytes(pr)}});
   MOE_ROUTING_RETURN_IF_ERROR(scope.status());
   if (scope.empty()) return Status::ok();
 
@@ -555,10 +559,11 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   // Scratch: sizing pass, then the real layout over one allocation.
   size_t sort_temp = 0;
   if (P > 0) {
-    MOE_ROUTING_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(
-                                   nullptr, sort_temp, static_cast<const uint32_t*>(nullptr),
-                                   static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
-                                   static_cast<int32_t*>(nullptr), int(P), 0, 32, stream));
+    MOE_ROUTING_CUDA_CHECK(
+        op, cub::DeviceRadixSort::SortPairs(
+                nullptr, sort_temp, static_cast<const uint32_t*>(nullptr),
+                static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                static_cast<int32_t*>(nullptr), int(P), 0, 32, stream));
   }
   struct Buffers {
     Flags* flags;
@@ -606,8 +611,8 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   int bits = key_bits(uint64_t(std::min<int64_t>(range, int64_t(1) << 32)));
   if (reject_unrouted || track_max) {
     Flags host{};
-    MOE_ROUTING_CUDA_CHECK(op, cudaMemcpyAsync(&host, b.flags, sizeof host, cudaMemcpyDeviceToHost,
-                                               stream));
+    MOE_ROUTING_CUDA_CHECK(
+        op, cudaMemcpyAsync(&host, b.flags, sizeof host, cudaMemcpyDeviceToHost, stream));
     MOE_ROUTING_CUDA_CHECK(op, cudaStreamSynchronize(stream));
     if (host.first_bad != kNoError) {
       int32_t id = 0;
@@ -622,9 +627,9 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   // 2-4. The stable sorts and the bounds.
   if (P > 0) {
     size_t temp_bytes = sort_temp;
-    MOE_ROUTING_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(
-                                   b.sort_temp, temp_bytes, b.keys, b.sorted_keys, b.positions,
-                                   b.order, int(P), 0, bits, stream));
+    MOE_ROUTING_CUDA_CHECK(
+        op, cub::DeviceRadixSort::SortPairs(b.sort_temp, temp_bytes, b.keys, b.sorted_keys,
+                                            b.positions, b.order, int(P), 0, bits, stream));
     routing_bounds<<<unsigned(pair_blocks), kThreads, 0, stream>>>(
         b.sorted_keys, P, needs_bounds ? b.first : nullptr, needs_bounds ? b.end : nullptr,
         b.flags);
@@ -635,9 +640,9 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
       MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_tail_keys"));
       // The routed pairs' sorted keys are no longer needed: reuse the buffer for the tail sort.
       temp_bytes = sort_temp;
-      MOE_ROUTING_CUDA_CHECK(op, cub::DeviceRadixSort::SortPairs(
-                                     b.sort_temp, temp_bytes, b.keys, b.sorted_keys, b.positions,
-                                     b.tail_order, int(P), 0, 32, stream));
+      MOE_ROUTING_CUDA_CHECK(
+          op, cub::DeviceRadixSort::SortPairs(b.sort_temp, temp_bytes, b.keys, b.sorted_keys,
+                                              b.positions, b.tail_order, int(P), 0, 32, stream));
     }
 
     // 5. expanded_row_idx.
@@ -648,7 +653,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
     r.first = b.first;
     r.pairs = P;
     r.capacity = pr.expert_capacity;
-    r.layout = pr.drop_pad ? RowIdxLayout::drop_pad
+    r.layout = pr.drop_pad    ? RowIdxLayout::drop_pad
                : scatter_tail ? RowIdxLayout::scatter
                               : RowIdxLayout::gather;
     r.flags = b.flags;

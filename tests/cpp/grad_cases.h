@@ -17,7 +17,9 @@ struct GradCase {
   FloatBuffer grad;
   std::vector<int32_t> expanded_row_idx;
 
-  TensorView grad_view() { return TensorView(grad.data(), dtype, int(grad_shape.size()), grad_shape.data()); }
+  TensorView grad_view() {
+    return TensorView(grad.data(), dtype, int(grad_shape.size()), grad_shape.data());
+  }
   TensorView idx_view() {
     return TensorView(expanded_row_idx.data(), DType::int32, {int64_t(expanded_row_idx.size())});
   }

@@ -19,7 +19,8 @@ struct Tensor {
   std::vector<uint8_t> bytes;
 
   Tensor() = default;
-  Tensor(DType dtype_, std::vector<int64_t> shape_) : present(true), dtype(dtype_), shape(std::move(shape_)) {
+  Tensor(DType dtype_, std::vector<int64_t> shape_)
+      : present(true), dtype(dtype_), shape(std::move(shape_)) {
     bytes.assign(size_t(numel()) * dtype_size(dtype), 0);
   }
   static Tensor from_spec(const OutputSpec& spec) {
@@ -28,12 +29,14 @@ struct Tensor {
   /// Floating tensor from float values (narrowed with RNE).
   static Tensor floats(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) {
     Tensor t(dtype, std::move(shape));
-    for (size_t i = 0; i < values.size(); ++i) store_from_float(t.bytes.data(), dtype, int64_t(i), values[i]);
+    for (size_t i = 0; i < values.size(); ++i)
+      store_from_float(t.bytes.data(), dtype, int64_t(i), values[i]);
     return t;
   }
   static Tensor int32s(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
     Tensor t(DType::int32, std::move(shape));
-    if (!values.empty()) std::memcpy(t.bytes.data(), values.data(), values.size() * sizeof(int32_t));
+    if (!values.empty())
+      std::memcpy(t.bytes.data(), values.data(), values.size() * sizeof(int32_t));
     return t;
   }
   int64_t numel() const {
@@ -42,11 +45,17 @@ struct Tensor {
     return n;
   }
   template <typename T>
-  T* as() { return reinterpret_cast<T*>(bytes.data()); }
+  T* as() {
+    return reinterpret_cast<T*>(bytes.data());
+  }
   template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(bytes.data()); }
+  const T* as() const {
+    return reinterpret_cast<const T*>(bytes.data());
+  }
   template <typename T>
-  std::vector<T> values() const { return std::vector<T>(as<T>(), as<T>() + numel()); }
+  std::vector<T> values() const {
+    return std::vector<T>(as<T>(), as<T>() + numel());
+  }
   /// Element i of a floating tensor widened to float32.
   float at(int64_t i) const { return load_as_float(bytes.data(), dtype, i); }
   std::vector<float> float_values() const {
@@ -75,11 +84,13 @@ inline ::testing::AssertionResult same_tensor(const Tensor& expected, const Tens
   for (size_t i = 0; i < expected.bytes.size(); ++i)
     if (expected.bytes[i] != got.bytes[i]) {
       size_t differing = 0;
-      for (size_t j = i; j < expected.bytes.size(); ++j) differing += expected.bytes[j] != got.bytes[j];
+      for (size_t j = i; j < expected.bytes.size(); ++j)
+        differing += expected.bytes[j] != got.bytes[j];
       const size_t element = i / dtype_size(expected.dtype);
-      return ::testing::AssertionFailure() << differing << " bytes differ; first in element " << element
-                                           << " (byte " << i << "): expected 0x" << std::hex
-                                           << int(expected.bytes[i]) << ", got 0x" << int(got.bytes[i]);
+      return ::testing::AssertionFailure()
+             << differing << " bytes differ; first in element " << element << " (byte " << i
+             << "): expected 0x" << std::hex << int(expected.bytes[i]) << ", got 0x"
+             << int(got.bytes[i]);
     }
   return ::testing::AssertionSuccess();
 }
@@ -102,7 +113,8 @@ struct ForwardResult {
 /// The runner's settings; with a caller workspace, `buffer` holds it: exactly `size` bytes
 /// starting one byte into the allocation (misaligned), so that any access past the reported size
 /// is a heap overflow under AddressSanitizer.
-inline ExecConfig forward_config(const Runner& runner, uint64_t size, std::vector<unsigned char>* buffer) {
+inline ExecConfig forward_config(const Runner& runner, uint64_t size,
+                                 std::vector<unsigned char>* buffer) {
   ExecConfig config = runner.config();
   if (runner.backend == Backend::cpu && runner.caller_workspace) {
     buffer->assign(size_t(size) + 1, 0xa5);
@@ -115,8 +127,8 @@ inline ExecConfig forward_config(const Runner& runner, uint64_t size, std::vecto
 /// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
 inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
   ForwardResult r;
-  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
-                                    c.topk_weight.view(), c.attrs, &r.plan);
+  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
+                                    c.offset.view(), c.topk_weight.view(), c.attrs, &r.plan);
   if (!r.status.is_ok()) return r;
   Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
                        &r.expanded_topk_weight};
@@ -129,19 +141,20 @@ inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
       outputs[i]->poison();
     }
   std::vector<unsigned char> workspace;
-  r.status = moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
-                              c.topk_weight.view(), c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(),
-                              r.counts.view(), r.expanded_scale.view(), r.expanded_topk_weight.view(),
-                              forward_config(runner, moe_init_routing_workspace_size(r.plan, runner.threads),
-                                             &workspace));
+  r.status = moe_init_routing(
+      c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(), c.topk_weight.view(),
+      c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(), r.counts.view(),
+      r.expanded_scale.view(), r.expanded_topk_weight.view(),
+      forward_config(runner, moe_init_routing_workspace_size(r.plan, runner.threads), &workspace));
   return r;
 }
 
 inline ::testing::AssertionResult same_result(const ForwardResult& a, const ForwardResult& b) {
   if (a.status.code() != b.status.code())
-    return ::testing::AssertionFailure() << "status " << a.status.message() << " vs " << b.status.message();
-  const char* names[] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
-                         "expanded_topk_weight"};
+    return ::testing::AssertionFailure()
+           << "status " << a.status.message() << " vs " << b.status.message();
+  const char* names[] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum",
+                         "expanded_scale", "expanded_topk_weight"};
   const Tensor* left[] = {&a.expanded_x, &a.expanded_row_idx, &a.counts, &a.expanded_scale,
                           &a.expanded_topk_weight};
   const Tensor* right[] = {&b.expanded_x, &b.expanded_row_idx, &b.counts, &b.expanded_scale,
@@ -174,23 +187,26 @@ inline V2Result run_v2(V2Case& c, const Runner& runner) {
   if (!r.status.is_ok()) return r;
   Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
   const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expert_tokens_before_capacity};
+                               &r.plan.expert_tokens_count_or_cumsum,
+                               &r.plan.expert_tokens_before_capacity};
   for (int i = 0; i < 4; ++i)
     if (specs[i]->produced) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
   std::vector<unsigned char> workspace;
-  r.status = moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, r.expanded_x.view(),
-                                 r.expanded_row_idx.view(), r.counts.view(), r.before_capacity.view(),
-                                 forward_config(runner, moe_init_routing_v2_workspace_size(r.plan, runner.threads),
-                                                &workspace));
+  r.status = moe_init_routing_v2(
+      c.x.view(), c.expert_idx.view(), c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(),
+      r.counts.view(), r.before_capacity.view(),
+      forward_config(runner, moe_init_routing_v2_workspace_size(r.plan, runner.threads),
+                     &workspace));
   return r;
 }
 
 inline ::testing::AssertionResult same_result(const V2Result& a, const V2Result& b) {
   if (a.status.code() != b.status.code())
-    return ::testing::AssertionFailure() << "status " << a.status.message() << " vs " << b.status.message();
+    return ::testing::AssertionFailure()
+           << "status " << a.status.message() << " vs " << b.status.message();
   const char* names[] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum",
                          "expert_tokens_before_capacity"};
   const Tensor* left[] = {&a.expanded_x, &a.expanded_row_idx, &a.counts, &a.before_capacity};

@@ -1298,7 +1298,8 @@ TEST(CliBench, MachineModeReportsBandwidthsAndTheCeilingsTheySet) {
   TempDir dir;
   const CliResult r = run_cli(dir, {"bench", "--machine", "--runs", "1", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* line : {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO"})
+  for (const char* line :
+       {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   EXPECT_NE(r.out.find("2 threads"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("[bench --machine 1/1]"), std::string::npos) << r.err;

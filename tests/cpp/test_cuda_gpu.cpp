@@ -26,11 +26,11 @@ using testing::Tensor;
 using testing::V2Case;
 using testing::V2Result;
 
-#define SKIP_WITHOUT_GPU()                                                                  \
-  do {                                                                                      \
-    std::string why_no_gpu;                                                                 \
-    if (!cuda::device_available(&why_no_gpu))                                               \
-      GTEST_SKIP() << "no GPU is present (" << why_no_gpu << "); this test needs one";      \
+#define SKIP_WITHOUT_GPU()                                                             \
+  do {                                                                                 \
+    std::string why_no_gpu;                                                            \
+    if (!cuda::device_available(&why_no_gpu))                                          \
+      GTEST_SKIP() << "no GPU is present (" << why_no_gpu << "); this test needs one"; \
   } while (0)
 
 const testing::Runner kCpu{Backend::cpu, CpuIsa::automatic, 4};
@@ -63,8 +63,8 @@ class DeviceArena {
     const size_t bytes = size_t(spec.numel()) * dtype_size(spec.dtype);
     EXPECT_TRUE(buffer->allocate(bytes + offset_bytes).is_ok());
     EXPECT_TRUE(buffer->fill(kPoison).is_ok());
-    TensorView view(static_cast<char*>(buffer->data()) + offset_bytes, spec.dtype, spec.ndim, spec.shape,
-                    Device::cuda);
+    TensorView view(static_cast<char*>(buffer->data()) + offset_bytes, spec.dtype, spec.ndim,
+                    spec.shape, Device::cuda);
     buffers_.push_back(std::move(buffer));
     return view;
   }
@@ -78,7 +78,8 @@ Tensor download(const TensorView& device, const OutputSpec& spec) {
   if (!spec.produced) return Tensor();
   Tensor host = Tensor::from_spec(spec);
   if (!host.bytes.empty()) {
-    EXPECT_EQ(cudaMemcpy(host.bytes.data(), device.data, host.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(host.bytes.data(), device.data, host.bytes.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
   }
   return host;
 }
@@ -88,7 +89,8 @@ Tensor download(const TensorView& device, const OutputSpec& spec) {
 // ---------------------------------------------------------------------------------------------
 
 /// Runs a grad case on the GPU (grad_expanded_x and grad_x `offset_bytes` into their buffers).
-FloatBuffer run_grad_cuda(GradCase& c, Status* status, size_t offset_bytes = 0, void* stream = nullptr) {
+FloatBuffer run_grad_cuda(GradCase& c, Status* status, size_t offset_bytes = 0,
+                          void* stream = nullptr) {
   DeviceArena arena;
   const TensorView grad = arena.upload(c.grad_view(), offset_bytes);
   const TensorView idx = arena.upload(c.idx_view());
@@ -105,7 +107,8 @@ FloatBuffer run_grad_cuda(GradCase& c, Status* status, size_t offset_bytes = 0, 
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   FloatBuffer result(c.dtype, c.num_rows * c.hidden);
   if (!result.bytes.empty()) {
-    EXPECT_EQ(cudaMemcpy(result.data(), out.data, result.bytes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(result.data(), out.data, result.bytes.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
   }
   return result;
 }
@@ -117,21 +120,25 @@ struct GradShape {
 TEST(CudaGrad, RandomCasesMatchTheCpuBitwise) {
   SKIP_WITHOUT_GPU();
   Random rng(2026);
-  const GradShape shapes[] = {{1, 1, 1},   {7, 2, 8},     {33, 3, 24},  {5, 4, 64},   {13, 5, 100},
-                              {9, 8, 7168}, {17, 8, 4096}, {8, 9, 40},   {6, 16, 16},  {6, 17, 72},
-                              {4, 33, 8},  {3, 128, 16},  {2, 130, 24}, {97, 2, 4096}, {64, 8, 257}};
+  const GradShape shapes[] = {{1, 1, 1},    {7, 2, 8},     {33, 3, 24},   {5, 4, 64},
+                              {13, 5, 100}, {9, 8, 7168},  {17, 8, 4096}, {8, 9, 40},
+                              {6, 16, 16},  {6, 17, 72},   {4, 33, 8},    {3, 128, 16},
+                              {2, 130, 24}, {97, 2, 4096}, {64, 8, 257}};
   int compared = 0;
   for (DType dtype : kFloatDtypes)
-    for (GradScenario scenario : {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
+    for (GradScenario scenario :
+         {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
       for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential})
         for (const GradShape& s : shapes)
-          for (size_t offset : {size_t(0), dtype_size(dtype)}) {  // aligned, then unaligned pointers
-            GradCase c = testing::make_grad_case(rng, scenario, dtype, s.num_rows, s.top_k, s.hidden, 0.1);
+          for (size_t offset :
+               {size_t(0), dtype_size(dtype)}) {  // aligned, then unaligned pointers
+            GradCase c =
+                testing::make_grad_case(rng, scenario, dtype, s.num_rows, s.top_k, s.hidden, 0.1);
             c.attrs.order = order;
             SCOPED_TRACE(::testing::Message()
                          << dtype_name(dtype) << ' ' << grad_scenario_name(scenario) << ' '
-                         << accumulation_order_name(order) << " N=" << s.num_rows << " K=" << s.top_k
-                         << " H=" << s.hidden << " offset " << offset);
+                         << accumulation_order_name(order) << " N=" << s.num_rows
+                         << " K=" << s.top_k << " H=" << s.hidden << " offset " << offset);
             const FloatBuffer expected = testing::run_grad_case(c, kCpu);
             Status status;
             const FloatBuffer got = run_grad_cuda(c, &status, offset);
@@ -143,11 +150,12 @@ TEST(CudaGrad, RandomCasesMatchTheCpuBitwise) {
 }
 
 /// A grad case from explicit float values.
-GradCase explicit_case(DType dtype, std::vector<int64_t> grad_shape, const std::vector<float>& values,
-                       std::vector<int32_t> idx, int64_t top_k, int64_t drop_pad_mode, int64_t active_num,
-                       AccumulationOrder order) {
+GradCase explicit_case(DType dtype, std::vector<int64_t> grad_shape,
+                       const std::vector<float>& values, std::vector<int32_t> idx, int64_t top_k,
+                       int64_t drop_pad_mode, int64_t active_num, AccumulationOrder order) {
   GradCase c;
-  c.scenario = drop_pad_mode ? GradScenario::drop_pad : (active_num ? GradScenario::active : GradScenario::dropless);
+  c.scenario = drop_pad_mode ? GradScenario::drop_pad
+                             : (active_num ? GradScenario::active : GradScenario::dropless);
   c.dtype = dtype;
   c.top_k = top_k;
   c.num_rows = int64_t(idx.size()) / top_k;
@@ -174,12 +182,14 @@ TEST(CudaGrad, SpecExamplesG1ToG5) {
   Status s;
   // G1: dropless, K=3, fp32; tree and sequential differ.
   for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
-    GradCase g1 = explicit_case(DType::float32, {6, 2}, {-1, 0.5f, 0.5f, 0.5f, tiny, 0.25f, 0.125f, 2, 1, 3, 0.25f, -1},
+    GradCase g1 = explicit_case(DType::float32, {6, 2},
+                                {-1, 0.5f, 0.5f, 0.5f, tiny, 0.25f, 0.125f, 2, 1, 3, 0.25f, -1},
                                 {4, 0, 2, 1, 5, 3}, 3, 0, 0, order);
     const std::vector<float> got = values_of(run_grad_cuda(g1, &s));
     ASSERT_TRUE(s.is_ok()) << s.message();
     const float first = order == AccumulationOrder::tree ? 0.0f : tiny;
-    EXPECT_EQ(got, (std::vector<float>{first, 3.75f, 0.875f, 1.5f})) << accumulation_order_name(order);
+    EXPECT_EQ(got, (std::vector<float>{first, 3.75f, 0.875f, 1.5f}))
+        << accumulation_order_name(order);
   }
   // G2: active, bf16: skip + the final RNE (1.00390625 -> 1.0).
   GradCase g2 = explicit_case(DType::bfloat16, {3, 2}, {1.0f, 0.00390625f, -2.5f, 3.0f, 0.5f, 1.0f},
@@ -187,20 +197,22 @@ TEST(CudaGrad, SpecExamplesG1ToG5) {
   EXPECT_EQ(values_of(run_grad_cuda(g2, &s)), (std::vector<float>{1.5f, 1.0f, 0, 0, -2.5f, 3.0f}));
   ASSERT_TRUE(s.is_ok()) << s.message();
   // G3: drop-pad, fp16.
-  GradCase g3 = explicit_case(DType::float16, {3, 2, 1}, {1, 2, 4, 8, 16, 32}, {0, 2, 1, 4, -1, 3, -1, -1}, 2, 1, 0,
-                              AccumulationOrder::tree);
+  GradCase g3 = explicit_case(DType::float16, {3, 2, 1}, {1, 2, 4, 8, 16, 32},
+                              {0, 2, 1, 4, -1, 3, -1, -1}, 2, 1, 0, AccumulationOrder::tree);
   EXPECT_EQ(values_of(run_grad_cuda(g3, &s)), (std::vector<float>{5, 18, 8, 0}));
   ASSERT_TRUE(s.is_ok()) << s.message();
   // G4: fp16 K=3: tree gives 0, sequential the subnormal 2^-24.
   for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
-    GradCase g4 = explicit_case(DType::float16, {3, 1}, {1.0f, -1.0f, e24}, {0, 1, 2}, 3, 0, 0, order);
+    GradCase g4 =
+        explicit_case(DType::float16, {3, 1}, {1.0f, -1.0f, e24}, {0, 1, 2}, 3, 0, 0, order);
     EXPECT_EQ(values_of(run_grad_cuda(g4, &s)),
               (std::vector<float>{order == AccumulationOrder::tree ? 0.0f : e24}));
     ASSERT_TRUE(s.is_ok()) << s.message();
   }
   // G5: K=5 fp32: tree 2^-24, sequential 2^-23.
   for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
-    GradCase g5 = explicit_case(DType::float32, {5, 1}, {1.0f, e24, -1.0f, e24, e24}, {0, 1, 2, 3, 4}, 5, 0, 0, order);
+    GradCase g5 = explicit_case(DType::float32, {5, 1}, {1.0f, e24, -1.0f, e24, e24},
+                                {0, 1, 2, 3, 4}, 5, 0, 0, order);
     EXPECT_EQ(values_of(run_grad_cuda(g5, &s)),
               (std::vector<float>{order == AccumulationOrder::tree ? e24 : 2 * e24}));
     ASSERT_TRUE(s.is_ok()) << s.message();
@@ -214,21 +226,22 @@ TEST(CudaGrad, InvalidIndicesGiveTheCpuMessageAndWriteNothing) {
     int64_t active_num;
   };
   const Bad cases[] = {
-      {{0, 1, 2, 3, 4, 99}, 0},         // the example: expanded_row_idx[5] = 99
-      {{0, -2, 2, 3, 4, 5}, 0},         // a negative other than -1
-      {{0, 1, 7, 3, -5, 6}, 0},         // several: the first is reported
-      {{0, 9, 2, -3, 1, 2}, 4},         // active: 9 >= active_num is skipped, -3 is not
+      {{0, 1, 2, 3, 4, 99}, 0},  // the example: expanded_row_idx[5] = 99
+      {{0, -2, 2, 3, 4, 5}, 0},  // a negative other than -1
+      {{0, 1, 7, 3, -5, 6}, 0},  // several: the first is reported
+      {{0, 9, 2, -3, 1, 2}, 4},  // active: 9 >= active_num is skipped, -3 is not
       {{std::numeric_limits<int32_t>::min(), 1, 2, 3, 4, 5}, 0},
   };
   for (const Bad& bad : cases) {
     for (DType dtype : kFloatDtypes) {
       const int64_t rows = bad.active_num ? bad.active_num : 6;
-      GradCase c = explicit_case(dtype, {rows, 3}, std::vector<float>(size_t(rows * 3), 1.0f), bad.idx, 2, 0,
-                                 bad.active_num, AccumulationOrder::tree);
+      GradCase c = explicit_case(dtype, {rows, 3}, std::vector<float>(size_t(rows * 3), 1.0f),
+                                 bad.idx, 2, 0, bad.active_num, AccumulationOrder::tree);
       FloatBuffer cpu_out(dtype, 9);
       cpu_out.poison();
-      const Status cpu = moe_init_routing_grad(c.grad_view(), c.idx_view(), c.attrs,
-                                               TensorView(cpu_out.data(), dtype, {3, 3}), kCpu.config());
+      const Status cpu =
+          moe_init_routing_grad(c.grad_view(), c.idx_view(), c.attrs,
+                                TensorView(cpu_out.data(), dtype, {3, 3}), kCpu.config());
       ASSERT_EQ(cpu.code(), StatusCode::index_out_of_range);
       Status gpu;
       const FloatBuffer got = run_grad_cuda(c, &gpu);
@@ -237,8 +250,8 @@ TEST(CudaGrad, InvalidIndicesGiveTheCpuMessageAndWriteNothing) {
       for (uint8_t byte : got.bytes) ASSERT_EQ(byte, kPoison) << "grad_x was written on error";
     }
   }
-  GradCase c = explicit_case(DType::float32, {6, 1}, {1, 2, 3, 4, 5, 6}, {0, 1, 2, 3, 4, 99}, 2, 0, 0,
-                             AccumulationOrder::tree);
+  GradCase c = explicit_case(DType::float32, {6, 1}, {1, 2, 3, 4, 5, 6}, {0, 1, 2, 3, 4, 99}, 2, 0,
+                             0, AccumulationOrder::tree);
   Status gpu;
   run_grad_cuda(c, &gpu);
   EXPECT_EQ(gpu.message(), "moe_init_routing_grad: expanded_row_idx[5] = 99 is outside [0, 6)");
@@ -250,11 +263,17 @@ TEST(CudaGrad, NanResultsAreCanonical) {
   const uint32_t f32_nans[] = {0x7f800001u, 0xffc12345u, 0x7fffffffu};
   for (DType dtype : kFloatDtypes)
     for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
-      GradCase c = explicit_case(dtype, {8, 2}, std::vector<float>(16, 1.5f), {0, 1, 2, 3, 4, 5, 6, 7}, 4, 0, 0, order);
+      GradCase c = explicit_case(dtype, {8, 2}, std::vector<float>(16, 1.5f),
+                                 {0, 1, 2, 3, 4, 5, 6, 7}, 4, 0, 0, order);
       for (int i = 0; i < 3; ++i) {
-        if (dtype == DType::float32) std::memcpy(c.grad.bytes.data() + 4 * (5 * i), &f32_nans[i], 4);
-        if (dtype == DType::float16) reinterpret_cast<uint16_t*>(c.grad.bytes.data())[5 * i] = uint16_t(0x7c01 + 0x8000 * (i & 1));
-        if (dtype == DType::bfloat16) reinterpret_cast<uint16_t*>(c.grad.bytes.data())[5 * i] = uint16_t(0xff81 - 0x8000 * (i & 1));
+        if (dtype == DType::float32)
+          std::memcpy(c.grad.bytes.data() + 4 * (5 * i), &f32_nans[i], 4);
+        if (dtype == DType::float16)
+          reinterpret_cast<uint16_t*>(c.grad.bytes.data())[5 * i] =
+              uint16_t(0x7c01 + 0x8000 * (i & 1));
+        if (dtype == DType::bfloat16)
+          reinterpret_cast<uint16_t*>(c.grad.bytes.data())[5 * i] =
+              uint16_t(0xff81 - 0x8000 * (i & 1));
       }
       const FloatBuffer expected = testing::run_grad_case(c, kCpu);
       Status s;
@@ -265,7 +284,7 @@ TEST(CudaGrad, NanResultsAreCanonical) {
       for (int64_t i = 0; i < got.count(); ++i)
         if (std::isnan(got.at(i))) {
           ++nans;
-          const uint32_t canonical = dtype == DType::float32 ? kCanonicalNanFloat32
+          const uint32_t canonical = dtype == DType::float32   ? kCanonicalNanFloat32
                                      : dtype == DType::float16 ? kCanonicalNanFloat16
                                                                : kCanonicalNanBfloat16;
           EXPECT_EQ(got.bits(i), canonical) << dtype_name(dtype) << " element " << i;
@@ -302,15 +321,16 @@ TEST(CudaGrad, HostPointersAndHostBackendsAreRejected) {
   reference.backend = Backend::reference;
   s = moe_init_routing_grad(g, r, {2, 0, 0}, o, reference);
   EXPECT_EQ(s.code(), StatusCode::not_supported);
-  EXPECT_NE(s.message().find("backend must be automatic for cuda tensors"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("backend must be automatic for cuda tensors"), std::string::npos)
+      << s.message();
 }
 
 TEST(CudaGrad, EmptyInputsAreValid) {
   SKIP_WITHOUT_GPU();
   Random rng(4);
   for (GradShape shape : {GradShape{0, 2, 8}, GradShape{3, 2, 0}}) {
-    GradCase c = testing::make_grad_case(rng, GradScenario::dropless, DType::float16, shape.num_rows,
-                                         shape.top_k, shape.hidden);
+    GradCase c = testing::make_grad_case(rng, GradScenario::dropless, DType::float16,
+                                         shape.num_rows, shape.top_k, shape.hidden);
     Status s;
     run_grad_cuda(c, &s);
     EXPECT_TRUE(s.is_ok()) << s.message();
@@ -324,12 +344,13 @@ TEST(CudaGrad, EmptyInputsAreValid) {
 /// run_forward on the GPU: inputs uploaded, produced outputs poisoned on the device.
 ForwardResult run_forward_cuda(ForwardCase& c, bool pass_unproduced_outputs = false) {
   ForwardResult r;
-  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
-                                    c.topk_weight.view(), c.attrs, &r.plan);
+  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
+                                    c.offset.view(), c.topk_weight.view(), c.attrs, &r.plan);
   if (!r.status.is_ok()) return r;
   DeviceArena arena;
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx, &r.plan.expert_tokens_count_or_cumsum,
-                               &r.plan.expanded_scale, &r.plan.expanded_topk_weight};
+  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
+                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expanded_scale,
+                               &r.plan.expanded_topk_weight};
   TensorView views[5];
   OutputSpec passed[5];
   for (int i = 0; i < 5; ++i) {
@@ -337,11 +358,13 @@ ForwardResult run_forward_cuda(ForwardCase& c, bool pass_unproduced_outputs = fa
     if (pass_unproduced_outputs) passed[i].produced = true;  // not-produced outputs with data
     views[i] = arena.output(passed[i]);
   }
-  r.status = moe_init_routing(arena.upload(c.x.view()), arena.upload(c.expert_idx.view()), arena.upload(c.scale.view()),
-                              arena.upload(c.offset.view()), arena.upload(c.topk_weight.view()), c.attrs, views[0],
-                              views[1], views[2], views[3], views[4]);
+  r.status = moe_init_routing(arena.upload(c.x.view()), arena.upload(c.expert_idx.view()),
+                              arena.upload(c.scale.view()), arena.upload(c.offset.view()),
+                              arena.upload(c.topk_weight.view()), c.attrs, views[0], views[1],
+                              views[2], views[3], views[4]);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale, &r.expanded_topk_weight};
+  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
+                       &r.expanded_topk_weight};
   for (int i = 0; i < 5; ++i) *outputs[i] = download(views[i], passed[i]);
   return r;
 }
@@ -351,12 +374,13 @@ V2Result run_v2_cuda(V2Case& c) {
   r.status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r.plan);
   if (!r.status.is_ok()) return r;
   DeviceArena arena;
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx, &r.plan.expert_tokens_count_or_cumsum,
+  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
+                               &r.plan.expert_tokens_count_or_cumsum,
                                &r.plan.expert_tokens_before_capacity};
   TensorView views[4];
   for (int i = 0; i < 4; ++i) views[i] = arena.output(*specs[i]);
-  r.status = moe_init_routing_v2(arena.upload(c.x.view()), arena.upload(c.expert_idx.view()), c.attrs, views[0],
-                                 views[1], views[2], views[3]);
+  r.status = moe_init_routing_v2(arena.upload(c.x.view()), arena.upload(c.expert_idx.view()),
+                                 c.attrs, views[0], views[1], views[2], views[3]);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
   for (int i = 0; i < 4; ++i) *outputs[i] = download(views[i], *specs[i]);
@@ -371,8 +395,8 @@ std::vector<float> random_values(Random& rng, int64_t n) {
 
 enum class Scenario { dropless, partial_range, active, drop_pad };
 
-ForwardCase random_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant, int64_t row_idx_type,
-                                bool large) {
+ForwardCase random_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant,
+                                int64_t row_idx_type, bool large) {
   ForwardCase c;
   const int64_t hidden_choices[] = {1, 5, 8, 16, 19, 64, 96, 1031, 4096};
   const int64_t N = large ? rng.integer(500, 3000) : rng.integer(1, 40);
@@ -403,8 +427,10 @@ ForwardCase random_forward_case(Random& rng, DType dtype, Scenario scenario, int
     for (int32_t& id : ids) id = id < 0 ? 0 : (id >= E ? int32_t(E - 1) : id);
   }
   c.expert_idx = Tensor::int32s({N, K}, ids);
-  if (rng.integer(0, 1)) c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K));
-  if (quant == -1 && rng.integer(0, 1)) c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N));
+  if (rng.integer(0, 1))
+    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K));
+  if (quant == -1 && rng.integer(0, 1))
+    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N));
   if (quant == 0) {
     c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
     if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(4)});
@@ -422,16 +448,18 @@ TEST(CudaRouting, TorchApiMatchesTheCpuForEveryConfiguration) {
   int checked = 0;
   for (bool large : {false, true})
     for (DType dtype : kFloatDtypes)
-      for (Scenario scenario : {Scenario::dropless, Scenario::partial_range, Scenario::active, Scenario::drop_pad})
+      for (Scenario scenario :
+           {Scenario::dropless, Scenario::partial_range, Scenario::active, Scenario::drop_pad})
         for (int64_t quant : {-1, 0, 1})
           for (int64_t row_idx_type : {0, 1})
             for (int repeat = 0; repeat < (large ? 1 : 3); ++repeat) {
               if (scenario == Scenario::drop_pad && (quant != -1 || row_idx_type != 0)) continue;
               ForwardCase c = random_forward_case(rng, dtype, scenario, quant, row_idx_type, large);
               SCOPED_TRACE(::testing::Message()
-                           << dtype_name(dtype) << " scenario " << int(scenario) << " quant " << quant
-                           << " row_idx_type " << row_idx_type << " flavour " << quant_flavour_name(c.attrs.flavour)
-                           << " N=" << c.x.shape[0] << " K=" << c.expert_idx.shape[1] << " H=" << c.x.shape[1]
+                           << dtype_name(dtype) << " scenario " << int(scenario) << " quant "
+                           << quant << " row_idx_type " << row_idx_type << " flavour "
+                           << quant_flavour_name(c.attrs.flavour) << " N=" << c.x.shape[0]
+                           << " K=" << c.expert_idx.shape[1] << " H=" << c.x.shape[1]
                            << " E=" << c.attrs.expert_num);
               const ForwardResult expected = testing::run_forward(c, kCpu);
               ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
@@ -451,8 +479,9 @@ TEST(CudaRouting, Int8InputCopiesAndModelShapesMatchTheCpu) {
     int64_t N, K, H, E;
     DType dtype;
   };
-  for (const Shape s : {Shape{300, 8, 77, 16, DType::int8}, Shape{512, 8, 7168, 256, DType::bfloat16},
-                        Shape{700, 8, 4096, 128, DType::float16}, Shape{1000, 2, 4096, 8, DType::float32}})
+  for (const Shape s :
+       {Shape{300, 8, 77, 16, DType::int8}, Shape{512, 8, 7168, 256, DType::bfloat16},
+        Shape{700, 8, 4096, 128, DType::float16}, Shape{1000, 2, 4096, 8, DType::float32}})
     for (int64_t row_idx_type : {0, 1}) {
       ForwardCase c;
       c.x = Tensor(s.dtype, {s.N, s.H});
@@ -478,11 +507,13 @@ TEST(CudaRouting, Int8InputCopiesAndModelShapesMatchTheCpu) {
 TEST(CudaRouting, HugeIdsAndTheRowIdxTypeOneTailMatchTheCpu) {
   SKIP_WITHOUT_GPU();
   Random rng(5);
-  const int32_t int_max = std::numeric_limits<int32_t>::max(), int_min = std::numeric_limits<int32_t>::min();
+  const int32_t int_max = std::numeric_limits<int32_t>::max(),
+                int_min = std::numeric_limits<int32_t>::min();
   const int64_t N = 2500, K = 4, H = 3;
   for (bool with_int_max : {true, false})
     for (int64_t count_type : {0, 2}) {
-      const int32_t choices[] = {int_min, -1, 0, 3, 7, 99999, 80000, 1 << 20, with_int_max ? int_max : 1 << 24};
+      const int32_t choices[] = {
+          int_min, -1, 0, 3, 7, 99999, 80000, 1 << 20, with_int_max ? int_max : 1 << 24};
       std::vector<int32_t> ids(size_t(N * K));
       for (int32_t& id : ids) id = choices[rng.integer(0, 8)];
       ForwardCase c;
@@ -533,8 +564,8 @@ TEST(CudaRouting, V2MatchesTheCpuForEveryConfiguration) {
           c.attrs.drop_pad_mode = 1;
           c.attrs.expert_capacity = rng.integer(1, N);
         }
-        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " mode " << mode << " N=" << N << " K=" << K
-                                          << " H=" << H << " E=" << E);
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " mode " << mode << " N=" << N
+                                          << " K=" << K << " H=" << H << " E=" << E);
         const V2Result expected = testing::run_v2(c, kCpu);
         ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
         const V2Result got = run_v2_cuda(c);
@@ -549,8 +580,8 @@ TEST(CudaRouting, V2BadExpertIdsGiveTheCpuMessageAndWriteNothing) {
     std::vector<int32_t> ids;
     int64_t flag, drop_pad;
   };
-  for (const Bad& bad : {Bad{{0, 1, 2, 7, 1, 0}, 2, 0}, Bad{{0, 1, -3, 2, 9, 0}, 0, 0}, Bad{{0, 1, 2, 3, 4, 0}, 0, 1},
-                         Bad{{-1, 0, 0, 0, 0, 0}, 1, 0}}) {
+  for (const Bad& bad : {Bad{{0, 1, 2, 7, 1, 0}, 2, 0}, Bad{{0, 1, -3, 2, 9, 0}, 0, 0},
+                         Bad{{0, 1, 2, 3, 4, 0}, 0, 1}, Bad{{-1, 0, 0, 0, 0, 0}, 1, 0}}) {
     V2Case c;
     c.x = Tensor::floats(DType::float16, {3, 4}, std::vector<float>(12, 2.0f));
     c.expert_idx = Tensor::int32s({3, 2}, bad.ids);
@@ -563,7 +594,8 @@ TEST(CudaRouting, V2BadExpertIdsGiveTheCpuMessageAndWriteNothing) {
     const V2Result gpu = run_v2_cuda(c);
     EXPECT_EQ(gpu.status.code(), cpu.status.code());
     EXPECT_EQ(gpu.status.message(), cpu.status.message());
-    for (const Tensor* t : {&gpu.expanded_x, &gpu.expanded_row_idx, &gpu.counts, &gpu.before_capacity})
+    for (const Tensor* t :
+         {&gpu.expanded_x, &gpu.expanded_row_idx, &gpu.counts, &gpu.before_capacity})
       for (uint8_t byte : t->bytes) ASSERT_EQ(byte, kPoison) << "an output was written on error";
   }
 }
@@ -587,28 +619,33 @@ TEST(CudaRouting, SpecExampleF3AndQuantisationExamples) {
       ASSERT_TRUE(r.status.is_ok()) << r.status.message();
       const std::vector<int32_t> row_idx[] = {{0, -1, -1, 2, 3, 1}, {0, 5, 3, 4, 1, 2}};
       EXPECT_EQ(r.expanded_row_idx.values<int32_t>(), row_idx[row_idx_type]);
-      EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{1, 2, 5, 6, 3, 4, 5, 6, 0, 0, 0, 0}));
-      EXPECT_EQ(r.expanded_topk_weight.float_values(), (std::vector<float>{.1f, .6f, .4f, .5f, 0, 0}));
+      EXPECT_EQ(r.expanded_x.float_values(),
+                (std::vector<float>{1, 2, 5, 6, 3, 4, 5, 6, 0, 0, 0, 0}));
+      EXPECT_EQ(r.expanded_topk_weight.float_values(),
+                (std::vector<float>{.1f, .6f, .4f, .5f, 0, 0}));
       const std::vector<int64_t> counts[] = {{2, 4}, {2, 2}, {1, 2, 2, 2, 0, 0, 0, 0}};
       EXPECT_EQ(r.counts.values<int64_t>(), counts[count_type]);
     }
   // Q1: dynamic int8, round half away from zero, with and without a smooth scale.
   for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950}) {
     ForwardCase c;
-    c.x = Tensor::floats(DType::float32, {2, 5}, {127.0f, 2.5f, -2.5f, 0.5f, -126.4f, 1.0f, -0.5f, 0.25f, 0.0f, 0.0f});
+    c.x = Tensor::floats(DType::float32, {2, 5},
+                         {127.0f, 2.5f, -2.5f, 0.5f, -126.4f, 1.0f, -0.5f, 0.25f, 0.0f, 0.0f});
     c.expert_idx = Tensor::int32s({2, 1}, {0, 0});
     c.attrs.expert_num = 1;
     c.attrs.quant_mode = 1;
     c.attrs.flavour = flavour;
     const ForwardResult r = run_forward_cuda(c);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
-    EXPECT_EQ(r.expanded_x.values<int8_t>(), (std::vector<int8_t>{127, 3, -3, 1, -126, 127, -64, 32, 0, 0}));
+    EXPECT_EQ(r.expanded_x.values<int8_t>(),
+              (std::vector<int8_t>{127, 3, -3, 1, -126, 127, -64, 32, 0, 0}));
     EXPECT_EQ(r.expanded_scale.float_values()[0], 1.0f);
   }
   // Q2 and the §3.3 flavour example (fp32 path 7, fp16 path 6).
   for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950}) {
     ForwardCase c;
-    c.x = Tensor::floats(DType::float32, {1, 6}, {1.0f, -0.75f, 0.25f, 100.0f, -1.25f, 3.824000835418701f});
+    c.x = Tensor::floats(DType::float32, {1, 6},
+                         {1.0f, -0.75f, 0.25f, 100.0f, -1.25f, 3.824000835418701f});
     c.expert_idx = Tensor::int32s({1, 1}, {0});
     c.scale = Tensor::floats(DType::float32, {1}, {2.0f});
     c.offset = Tensor::floats(DType::float32, {1}, {0.5f});
@@ -618,7 +655,8 @@ TEST(CudaRouting, SpecExampleF3AndQuantisationExamples) {
     const ForwardResult r = run_forward_cuda(c);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
     const std::vector<int8_t> q = r.expanded_x.values<int8_t>();
-    EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 5), (std::vector<int8_t>{2, -1, 1, 127, -2}));
+    EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 5),
+              (std::vector<int8_t>{2, -1, 1, 127, -2}));
     const ForwardResult cpu = testing::run_forward(c, kCpu);
     EXPECT_TRUE(testing::same_result(cpu, r)) << quant_flavour_name(flavour);
   }

@@ -35,7 +35,8 @@ void run_simulated(const cuda::GradArgs& args, int threads) {
       cuda::grad_items<Tag, kBytes, D, V, kLevels>(args, base + t, threads);
 }
 
-cuda::GradArgs make_args(GradCase& c, void* out, const MoeInitRoutingGradPlan& plan, bool vectorized) {
+cuda::GradArgs make_args(GradCase& c, void* out, const MoeInitRoutingGradPlan& plan,
+                         bool vectorized) {
   cuda::GradArgs a{};
   a.grad_expanded_x = c.grad.data();
   a.expanded_row_idx = c.expanded_row_idx.data();
@@ -65,7 +66,8 @@ std::vector<std::pair<std::string, FloatBuffer>> simulate_all(GradCase& c,
       FloatBuffer out(plan.dtype, plan.num_rows * plan.hidden);
       out.poison();
       launcher(make_args(c, out.data(), plan, vectorized), threads);
-      results.emplace_back(std::string(name) + " threads " + std::to_string(threads), std::move(out));
+      results.emplace_back(std::string(name) + " threads " + std::to_string(threads),
+                           std::move(out));
     }
   };
   constexpr int kScalar = int(sizeof(typename Tag::Storage));
@@ -82,19 +84,22 @@ TEST(CudaHostLogic, GradKernelBodyMatchesTheReferenceForEveryInstantiation) {
   Random rng(424242);
   int compared = 0;
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
-    for (GradScenario scenario : {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
+    for (GradScenario scenario :
+         {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
       for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential})
         for (int64_t K : {1, 2, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 127, 128, 130})
           for (int64_t H : {1, 8, 24, 40}) {
             const int64_t N = K > 32 ? 3 : 5;
             GradCase c = testing::make_grad_case(rng, scenario, dtype, N, K, H, 0.15);
             c.attrs.order = order;
-            SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ' ' << grad_scenario_name(scenario)
-                                              << ' ' << accumulation_order_name(order) << " K=" << K
-                                              << " H=" << H);
+            SCOPED_TRACE(::testing::Message()
+                         << dtype_name(dtype) << ' ' << grad_scenario_name(scenario) << ' '
+                         << accumulation_order_name(order) << " K=" << K << " H=" << H);
             MoeInitRoutingGradPlan plan;
-            ASSERT_TRUE(infer_moe_init_routing_grad(c.grad_view(), c.idx_view(), c.attrs, &plan).is_ok());
-            const FloatBuffer expected = testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
+            ASSERT_TRUE(
+                infer_moe_init_routing_grad(c.grad_view(), c.idx_view(), c.attrs, &plan).is_ok());
+            const FloatBuffer expected =
+                testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
             std::vector<std::pair<std::string, FloatBuffer>> got;
             if (dtype == DType::float32) got = simulate_all<cuda::num::Float32>(c, plan);
             if (dtype == DType::float16) got = simulate_all<cuda::num::Float16>(c, plan);
@@ -147,10 +152,24 @@ TEST(CudaHostLogic, OrderWalkVisitsEveryAddendOnceInTheTreeOrder) {
 
 TEST(CudaHostLogic, QuantisationHelpersMatchQuantizeH) {
   Random rng(77);
-  std::vector<float> values{0.0f, -0.0f, 0.5f, -0.5f, 1.5f, 2.5f, -2.5f, 126.5f, 127.5f, -128.5f,
-                            0.49999997f, 1e30f, -1e30f, std::numeric_limits<float>::infinity(),
+  std::vector<float> values{0.0f,
+                            -0.0f,
+                            0.5f,
+                            -0.5f,
+                            1.5f,
+                            2.5f,
+                            -2.5f,
+                            126.5f,
+                            127.5f,
+                            -128.5f,
+                            0.49999997f,
+                            1e30f,
+                            -1e30f,
+                            std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), 3.824000835418701f, 6.5f};
+                            std::numeric_limits<float>::quiet_NaN(),
+                            3.824000835418701f,
+                            6.5f};
   for (int i = 0; i < 200000; ++i) values.push_back(rng.uniform(int(rng.integer(-10, 9))));
   for (float v : values) {
     EXPECT_EQ(cuda::num::int8_round_half_away(v), quantize::int8_round_half_away(v)) << v;
@@ -160,7 +179,8 @@ TEST(CudaHostLogic, QuantisationHelpersMatchQuantizeH) {
   const float offsets[] = {0.0f, 0.5f, -1.25f};
   for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
     for (int s = 0; s < 3; ++s) {
-      const quantize::StaticParams params = quantize::static_params(flavour, &scales[s], &offsets[s]);
+      const quantize::StaticParams params =
+          quantize::static_params(flavour, &scales[s], &offsets[s]);
       const bool ascend_950 = flavour == QuantFlavour::ascend_950;
       for (size_t i = 0; i < values.size(); i += 7) {
         const float v = values[i] * 64.0f;

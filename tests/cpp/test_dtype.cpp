@@ -20,8 +20,8 @@ TEST(Dtype, Fp16RoundTripsEveryPattern) {
 }
 
 TEST(Dtype, Fp16NarrowingRoundsHalfToEven) {
-  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00u);          // tie -> even (1.0)
-  EXPECT_EQ(float_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02u);      // tie -> even (up)
+  EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00u);      // tie -> even (1.0)
+  EXPECT_EQ(float_to_fp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02u);  // tie -> even (up)
   EXPECT_EQ(float_to_fp16(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3c01u);
   EXPECT_EQ(float_to_fp16(65504.0f), 0x7bffu);
   EXPECT_EQ(float_to_fp16(65519.99f), 0x7bffu);
@@ -37,8 +37,8 @@ TEST(Dtype, Fp16NarrowingRoundsHalfToEven) {
 }
 
 TEST(Dtype, Bf16NarrowingRoundsHalfToEven) {
-  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80u);   // halfway between 1.0 and 1.0078125 -> 1.0
-  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82u);   // halfway, odd below -> up
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80u);  // halfway between 1.0 and 1.0078125 -> 1.0
+  EXPECT_EQ(float_to_bf16(1.01171875f), 0x3f82u);  // halfway, odd below -> up
   EXPECT_EQ(float_to_bf16(-0.0f), 0x8000u);
   EXPECT_EQ(float_to_bf16(bits_float(0x7f800001u)), 0x7fc0u);  // signalling NaN -> canonical
   EXPECT_EQ(float_to_bf16(bits_float(0xffc12345u)), 0x7fc0u);  // negative NaN -> canonical

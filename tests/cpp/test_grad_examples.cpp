@@ -41,8 +41,14 @@ FloatBuffer run(const Example& ex, AccumulationOrder order, const testing::Runne
 std::vector<Example> examples() {
   std::vector<Example> list;
   // Seed: expanded_row_idx = 4 1 5 3 0 2, K = 2 -> grad_x[0] = g4+g1, [1] = g5+g3, [2] = g0+g2.
-  list.push_back({"seed", DType::float32, {6, 1}, {1, 10, 100, 1000, 10000, 100000},
-                  {4, 1, 5, 3, 0, 2}, {2, 0, 0}, {10010, 101000, 101}, {10010, 101000, 101}});
+  list.push_back({"seed",
+                  DType::float32,
+                  {6, 1},
+                  {1, 10, 100, 1000, 10000, 100000},
+                  {4, 1, 5, 3, 0, 2},
+                  {2, 0, 0},
+                  {10010, 101000, 101},
+                  {10010, 101000, 101}});
   for (const testing::GradSpecExample& g : testing::grad_spec_examples()) {
     MoeInitRoutingGradAttrs attrs;
     attrs.top_k = g.top_k;
@@ -60,9 +66,10 @@ TEST(GradExamples, BitExactInBothOrdersOnEveryBackend) {
       SCOPED_TRACE(std::string(ex.name) + " on " + runner.name());
       FloatBuffer tree = run(ex, AccumulationOrder::tree, runner);
       FloatBuffer sequential = run(ex, AccumulationOrder::sequential, runner);
-      EXPECT_TRUE(testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, ex.expected_tree), tree));
       EXPECT_TRUE(
-          testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, ex.expected_sequential), sequential));
+          testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, ex.expected_tree), tree));
+      EXPECT_TRUE(testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, ex.expected_sequential),
+                                         sequential));
     }
   }
 }
@@ -77,9 +84,10 @@ TEST(GradExamples, G4IsASubnormalOnlyInSequentialOrder) {
 }
 
 TEST(GradExamples, TreeShapeMatchesTheSpecTable) {
-  const int64_t expected_bins[][2] = {{1, 1}, {2, 1}, {3, 1}, {4, 2}, {7, 2}, {8, 4}, {15, 4},
-                                      {16, 8}, {127, 32}, {128, 64}, {1000, 64}};
-  for (const auto& row : expected_bins) EXPECT_EQ(tree_shape(row[0]).bins, row[1]) << "K=" << row[0];
+  const int64_t expected_bins[][2] = {{1, 1},  {2, 1},  {3, 1},    {4, 2},    {7, 2},    {8, 4},
+                                      {15, 4}, {16, 8}, {127, 32}, {128, 64}, {1000, 64}};
+  for (const auto& row : expected_bins)
+    EXPECT_EQ(tree_shape(row[0]).bins, row[1]) << "K=" << row[0];
   EXPECT_EQ(tree_shape(128).levels, 6);
   EXPECT_EQ(tree_shape(16).levels, 3);
 }
@@ -93,7 +101,8 @@ TEST(GradExamples, SignedZeroFollowsTheSeedRule) {
     EXPECT_EQ(run(ex, AccumulationOrder::sequential, runner).bits(0), 0x00000000u);
   }
   // K=3 with the seed (t=0) dropped in drop-pad mode: ((+0)+a2)+a1 = +0 for a1 = a2 = -0.
-  Example dropped{"seedskip", DType::float32, {1, 2, 1}, {-0.0f, -0.0f}, {-1, 0, 1}, {3, 1, 0}, {}, {}};
+  Example dropped{"seedskip", DType::float32, {1, 2, 1}, {-0.0f, -0.0f},
+                  {-1, 0, 1}, {3, 1, 0},      {},        {}};
   for (const testing::Runner& runner : testing::all_runners())
     EXPECT_EQ(run(dropped, AccumulationOrder::tree, runner).bits(0), 0x00000000u) << runner.name();
 }

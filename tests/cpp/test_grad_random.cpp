@@ -12,7 +12,8 @@ using testing::FloatBuffer;
 using testing::GradCase;
 
 const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
-const GradScenario kScenarios[] = {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad};
+const GradScenario kScenarios[] = {GradScenario::dropless, GradScenario::active,
+                                   GradScenario::drop_pad};
 const AccumulationOrder kOrders[] = {AccumulationOrder::tree, AccumulationOrder::sequential};
 const int64_t kTopKs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 127, 128, 130};
 
@@ -26,9 +27,9 @@ TEST(GradRandom, EveryDtypeScenarioAndTopKMatchesTheReference) {
           const int64_t n = rng.integer(1, 9), h = 8 * rng.integer(1, 6) + rng.integer(1, 7);
           GradCase c = testing::make_grad_case(rng, scenario, dtype, n, k, h);
           c.attrs.order = order;
-          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ' ' << grad_scenario_name(scenario)
-                                            << " K=" << k << ' ' << accumulation_order_name(order)
-                                            << " N=" << n << " H=" << h);
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dtype) << ' ' << grad_scenario_name(scenario) << " K=" << k
+                       << ' ' << accumulation_order_name(order) << " N=" << n << " H=" << h);
           FloatBuffer expected = testing::run_grad_case(c, runners[0]);
           for (size_t r = 1; r < runners.size(); ++r)
             EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, runners[r])))
@@ -67,24 +68,38 @@ TEST(GradRandom, WidthsWithoutAScalarTailMatchTheReference) {
             FloatBuffer expected = testing::run_grad_case(c, runners[0]);
             for (size_t r = 1; r < runners.size(); ++r)
               EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, runners[r])))
-                  << runners[r].name() << ' ' << dtype_name(dtype) << ' ' << grad_scenario_name(scenario)
-                  << " K=" << k << " H=" << h << ' ' << accumulation_order_name(order);
+                  << runners[r].name() << ' ' << dtype_name(dtype) << ' '
+                  << grad_scenario_name(scenario) << " K=" << k << " H=" << h << ' '
+                  << accumulation_order_name(order);
           }
 }
 
 TEST(GradRandom, SpecialValuesPropagateIdentically) {
   // Signed zeros, NaN, +-Inf, subnormals and values that overflow fp16 when summed.
   const float inf = std::numeric_limits<float>::infinity();
-  const float specials[] = {0.0f, -0.0f, inf, -inf, std::nanf(""), -std::nanf(""),
-                            std::numeric_limits<float>::denorm_min(), -std::ldexp(1.0f, -130),
-                            std::ldexp(1.0f, -24), 65504.0f, 60000.0f, -65504.0f, 3.4e38f, -3.4e38f};
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            inf,
+                            -inf,
+                            std::nanf(""),
+                            -std::nanf(""),
+                            std::numeric_limits<float>::denorm_min(),
+                            -std::ldexp(1.0f, -130),
+                            std::ldexp(1.0f, -24),
+                            65504.0f,
+                            60000.0f,
+                            -65504.0f,
+                            3.4e38f,
+                            -3.4e38f};
   testing::Random rng(99);
   const auto runners = testing::all_runners();
   for (DType dtype : kDtypes)
     for (AccumulationOrder order : kOrders)
-      for (int64_t k : {2, 3, 4, 5, 6, 8, 33, 130}) {  // 2/4/6/8 with drops: neutral rows; 33+: bins
+      for (int64_t k :
+           {2, 3, 4, 5, 6, 8, 33, 130}) {  // 2/4/6/8 with drops: neutral rows; 33+: bins
         // H = 19: one vector and a tail; H = 50: the cache-line loop of 16-bit types as well.
-        GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 16, k, k % 2 ? 19 : 50, 0.2);
+        GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 16, k,
+                                             k % 2 ? 19 : 50, 0.2);
         c.attrs.order = order;
         for (int64_t e = 0; e < c.grad.count(); ++e)
           store_from_float(c.grad.data(), dtype, e, specials[rng.integer(0, 13)]);
@@ -100,9 +115,9 @@ TEST(GradRandom, NanInputGivesNanOutput) {
   std::vector<int32_t> idx{0, 1};
   for (const testing::Runner& runner : testing::all_runners()) {
     std::vector<float> out{0.0f};
-    Status s = moe_init_routing_grad(TensorView(grad.data(), DType::float32, {2, 1}),
-                                     TensorView(idx.data(), DType::int32, {2}), {2, 0, 0},
-                                     TensorView(out.data(), DType::float32, {1, 1}), runner.config());
+    Status s = moe_init_routing_grad(
+        TensorView(grad.data(), DType::float32, {2, 1}), TensorView(idx.data(), DType::int32, {2}),
+        {2, 0, 0}, TensorView(out.data(), DType::float32, {1, 1}), runner.config());
     ASSERT_TRUE(s.is_ok()) << s.message();
     EXPECT_EQ(float_bits(out[0]), kCanonicalNanFloat32) << runner.name();
   }
@@ -115,12 +130,14 @@ TEST(GradRandom, RepeatedRunsAndThreadCountsGiveTheSameBits) {
   FloatBuffer first = testing::run_grad_case(c, one);
   for (int threads : {1, 2, 4, 7, 16})
     for (int repeat = 0; repeat < 3; ++repeat)
-      EXPECT_TRUE(testing::bitwise_equal(first, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+      EXPECT_TRUE(testing::bitwise_equal(
+          first, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
           << threads << " threads, run " << repeat;
   // The library-wide default thread count is honoured too.
   set_num_threads(2);
   EXPECT_EQ(get_num_threads(), 2);
-  EXPECT_TRUE(testing::bitwise_equal(first, testing::run_grad_case(c, {Backend::automatic, CpuIsa::automatic, 0})));
+  EXPECT_TRUE(testing::bitwise_equal(
+      first, testing::run_grad_case(c, {Backend::automatic, CpuIsa::automatic, 0})));
   set_num_threads(0);
   EXPECT_GE(get_num_threads(), 1);
 }
@@ -132,9 +149,10 @@ TEST(GradRandom, AllSkippedRowsArePositiveZero) {
     for (const testing::Runner& runner : testing::all_runners()) {
       std::vector<float> out(2 * 3, 7.0f);
       MoeInitRoutingGradAttrs attrs{3, 1, 0, order};
-      Status s = moe_init_routing_grad(TensorView(grad.data(), DType::float32, {2, 2, 3}),
-                                       TensorView(idx.data(), DType::int32, {6}), attrs,
-                                       TensorView(out.data(), DType::float32, {2, 3}), runner.config());
+      Status s =
+          moe_init_routing_grad(TensorView(grad.data(), DType::float32, {2, 2, 3}),
+                                TensorView(idx.data(), DType::int32, {6}), attrs,
+                                TensorView(out.data(), DType::float32, {2, 3}), runner.config());
       ASSERT_TRUE(s.is_ok()) << s.message();
       for (int j = 0; j < 3; ++j) {
         EXPECT_EQ(float_bits(out[j]), 0u) << runner.name();
@@ -166,7 +184,8 @@ TEST(GradRandom, EmptyInputsGiveCorrectlyShapedResults) {
   for (float v : out) EXPECT_EQ(float_bits(v), 0u);
   MoeInitRoutingGradPlan plan;
   ASSERT_TRUE(infer_moe_init_routing_grad(TensorView(&dummy, DType::float16, {0, 3, 2}),
-                                          TensorView(idx.data(), DType::int32, {4}), {2, 1, 0}, &plan)
+                                          TensorView(idx.data(), DType::int32, {4}), {2, 1, 0},
+                                          &plan)
                   .is_ok());
   EXPECT_EQ(plan.grad_x_shape[0], 2);
   EXPECT_EQ(plan.grad_x_shape[1], 2);
@@ -201,9 +220,11 @@ TEST(GradRandom, LargeOutputsTakeTheStreamingStorePathBitExactly) {
     const int64_t h = dtype == DType::float32 ? 1029 : 2053;
     testing::GradCase c = testing::make_grad_case(rng, GradScenario::dropless, dtype, 2048, 2, h);
     ASSERT_GE(int64_t(c.num_rows * h * dtype_size(dtype)), int64_t(8) << 20);
-    testing::FloatBuffer expected = testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
+    testing::FloatBuffer expected =
+        testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
     for (int threads : {1, 2})
-      EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+      EXPECT_TRUE(testing::bitwise_equal(
+          expected, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
           << dtype_name(dtype) << ' ' << threads << " threads";
   }
 }
@@ -215,15 +236,18 @@ TEST(GradRandom, StreamedRowsWithAbsentAddendsAndEitherOrderAreBitExact) {
   const testing::StreamingThresholdOverride threshold(int64_t(1) << 20);
   testing::Random rng(43);
   for (int64_t h : {2048, 2053})
-    for (GradScenario scenario : {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
+    for (GradScenario scenario :
+         {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
       for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
         testing::GradCase c = testing::make_grad_case(rng, scenario, DType::bfloat16, 256, 8, h);
         c.attrs.order = order;
         ASSERT_GE(int64_t(c.num_rows * h * 2), int64_t(1) << 20);
-        testing::FloatBuffer expected = testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
+        testing::FloatBuffer expected =
+            testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
         for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
           if (!cpu_isa_available(isa)) continue;
-          EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, isa, 2})))
+          EXPECT_TRUE(
+              testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, isa, 2})))
               << cpu_isa_name(isa) << ' ' << grad_scenario_name(scenario) << " H=" << h << ' '
               << accumulation_order_name(order);
         }

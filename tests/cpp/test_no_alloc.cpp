@@ -56,11 +56,14 @@ struct Buffer {
   Buffer(mrDataType dtype, std::vector<int64_t> shape) {
     int64_t count = 1;
     for (int64_t d : shape) count *= d;
-    const size_t element = dtype == MR_INT8 ? 1 : dtype == MR_FLOAT16 || dtype == MR_BFLOAT16 ? 2
-                           : dtype == MR_INT64 ? 8 : 4;
+    const size_t element = dtype == MR_INT8                              ? 1
+                           : dtype == MR_FLOAT16 || dtype == MR_BFLOAT16 ? 2
+                           : dtype == MR_INT64                           ? 8
+                                                                         : 4;
     bytes.assign(size_t(count) * element, 0x5a);
-    EXPECT_EQ(mrCreateTensor(shape.data(), shape.size(), dtype, MR_DEVICE_CPU, bytes.data(), &handle),
-              MR_SUCCESS)
+    EXPECT_EQ(
+        mrCreateTensor(shape.data(), shape.size(), dtype, MR_DEVICE_CPU, bytes.data(), &handle),
+        MR_SUCCESS)
         << mrGetLastErrorMessage();
   }
   explicit Buffer(const mrTensorDesc& desc)
@@ -76,21 +79,26 @@ mrTensor* handle_of(const Optional& b) { return b ? b->handle : nullptr; }
 void fill_ids(Buffer& b, int32_t lo, int32_t hi, uint64_t seed) {
   std::mt19937_64 rng(seed);
   int32_t* ids = reinterpret_cast<int32_t*>(b.bytes.data());
-  for (size_t i = 0; i < b.bytes.size() / 4; ++i) ids[i] = int32_t(lo + int64_t(rng() % uint64_t(int64_t(hi) - lo + 1)));
+  for (size_t i = 0; i < b.bytes.size() / 4; ++i)
+    ids[i] = int32_t(lo + int64_t(rng() % uint64_t(int64_t(hi) - lo + 1)));
 }
 void fill_floats(Buffer& b, uint64_t seed) {
   std::mt19937_64 rng(seed);
   float* values = reinterpret_cast<float*>(b.bytes.data());
-  for (size_t i = 0; i < b.bytes.size() / 4; ++i) values[i] = float(int64_t(rng() % 2001) - 1000) / 256.0f;
+  for (size_t i = 0; i < b.bytes.size() / 4; ++i)
+    values[i] = float(int64_t(rng() % 2001) - 1000) / 256.0f;
 }
 
 /// Runs a forward phase two with a workspace of the reported size (> 0), counting allocations.
-void expect_forward_phase_two_allocates_nothing(mrStatus (*phase_two)(void*, uint64_t, mrExecutor*, mrStream),
-                                                uint64_t ws, mrExecutor* executor, const char* name) {
+void expect_forward_phase_two_allocates_nothing(mrStatus (*phase_two)(void*, uint64_t, mrExecutor*,
+                                                                      mrStream),
+                                                uint64_t ws, mrExecutor* executor,
+                                                const char* name) {
   EXPECT_GT(ws, 0u) << name;
   std::vector<unsigned char> workspace(static_cast<size_t>(ws));
   mrStatus status = MR_ERROR_INTERNAL;
-  EXPECT_EQ(allocations_during([&] { status = phase_two(workspace.data(), ws, executor, nullptr); }), 0)
+  EXPECT_EQ(
+      allocations_during([&] { status = phase_two(workspace.data(), ws, executor, nullptr); }), 0)
       << name;
   EXPECT_EQ(status, MR_SUCCESS) << name << ": " << mrGetLastErrorMessage();
 }
@@ -121,7 +129,9 @@ TEST_F(NoAllocation, BackwardPhaseTwo) {
     EXPECT_EQ(ws, 0u);
     ASSERT_EQ(mrSetAccumulationOrder(executor, order), MR_SUCCESS);
     mrStatus status = MR_ERROR_INTERNAL;
-    EXPECT_EQ(allocations_during([&] { status = mrMoeInitRoutingV2Grad(nullptr, 0, executor, nullptr); }), 0)
+    EXPECT_EQ(
+        allocations_during([&] { status = mrMoeInitRoutingV2Grad(nullptr, 0, executor, nullptr); }),
+        0)
         << "order " << order;
     EXPECT_EQ(status, MR_SUCCESS) << mrGetLastErrorMessage();
   }
@@ -177,7 +187,15 @@ struct RoutingConfig {
 TEST_F(NoAllocation, MoeInitRoutingPhaseTwo) {
   const RoutingConfig configs[] = {
       {"gather, cumsum, topk weights", 0, 0, 0, -1, 0, {0, 0}, false, true},
-      {"scatter layout with an active range (the tail sort)", 0, 0, 1, -1, 1, {4, 20}, false, false},
+      {"scatter layout with an active range (the tail sort)",
+       0,
+       0,
+       1,
+       -1,
+       1,
+       {4, 20},
+       false,
+       false},
       {"key_value counts, per-token scale", 0, 0, 2, -1, 0, {0, 0}, true, true},
       {"dynamic quantisation with smooth scales", 0, 0, 1, 1, 0, {8, 24}, true, false},
       {"drop-pad", 1, 300, 1, -1, 0, {0, 0}, false, true},
@@ -198,11 +216,11 @@ TEST_F(NoAllocation, MoeInitRoutingPhaseTwo) {
     if (scale) fill_floats(*scale, 4);
     if (weight) fill_floats(*weight, 5);
     mrTensorDesc d[5];
-    ASSERT_EQ(mrMoeInitRoutingInferShape(x.handle, ids.handle, handle_of(scale), nullptr, handle_of(weight),
-                                         0, c.expert_capacity, kExperts, c.drop_pad_mode,
-                                         c.count_type, true, c.quant_mode, ranged ? c.range : nullptr,
-                                         ranged ? 2 : 0, c.row_idx_type, &d[0], &d[1], &d[2], &d[3],
-                                         &d[4]),
+    ASSERT_EQ(mrMoeInitRoutingInferShape(x.handle, ids.handle, handle_of(scale), nullptr,
+                                         handle_of(weight), 0, c.expert_capacity, kExperts,
+                                         c.drop_pad_mode, c.count_type, true, c.quant_mode,
+                                         ranged ? c.range : nullptr, ranged ? 2 : 0, c.row_idx_type,
+                                         &d[0], &d[1], &d[2], &d[3], &d[4]),
               MR_SUCCESS)
         << c.name << ": " << mrGetLastErrorMessage();
     Buffer ex(d[0]), eri(d[1]), counts(d[2]);
@@ -212,10 +230,10 @@ TEST_F(NoAllocation, MoeInitRoutingPhaseTwo) {
     uint64_t ws = 0;
     mrExecutor* executor = nullptr;
     ASSERT_EQ(mrMoeInitRoutingGetWorkspaceSize(
-                  x.handle, ids.handle, handle_of(scale), nullptr, handle_of(weight), 0, c.expert_capacity,
-                  kExperts, c.drop_pad_mode, c.count_type, true, c.quant_mode,
-                  ranged ? c.range : nullptr, ranged ? 2 : 0, c.row_idx_type, ex.handle,
-                  eri.handle, counts.handle, handle_of(es), handle_of(ew), &ws, &executor),
+                  x.handle, ids.handle, handle_of(scale), nullptr, handle_of(weight), 0,
+                  c.expert_capacity, kExperts, c.drop_pad_mode, c.count_type, true, c.quant_mode,
+                  ranged ? c.range : nullptr, ranged ? 2 : 0, c.row_idx_type, ex.handle, eri.handle,
+                  counts.handle, handle_of(es), handle_of(ew), &ws, &executor),
               MR_SUCCESS)
         << c.name << ": " << mrGetLastErrorMessage();
     expect_forward_phase_two_allocates_nothing(&mrMoeInitRouting, ws, executor, c.name);
@@ -236,7 +254,8 @@ TEST_F(NoAllocation, CppApiWithWorkspace) {
   MoeInitRoutingV2Plan plan;
   ASSERT_TRUE(infer_moe_init_routing_v2(xv, iv, attrs, &plan).is_ok());
   std::vector<uint16_t> out(size_t(plan.expanded_x.numel()));
-  std::vector<int32_t> row_idx(size_t(plan.expanded_row_idx.numel())), counts(static_cast<size_t>(kExperts));
+  std::vector<int32_t> row_idx(size_t(plan.expanded_row_idx.numel())),
+      counts(static_cast<size_t>(kExperts));
   ExecConfig config;
   config.num_threads = 3;
   std::vector<unsigned char> workspace(size_t(moe_init_routing_v2_workspace_size(plan, 3)));
@@ -244,9 +263,10 @@ TEST_F(NoAllocation, CppApiWithWorkspace) {
   config.workspace_bytes = workspace.size();
   Status status;
   auto call = [&] {
-    status = moe_init_routing_v2(xv, iv, attrs, TensorView(out.data(), DType::float16, {kTokens * kTopK, kHidden}),
-                                 TensorView(row_idx.data(), DType::int32, {kTokens * kTopK}),
-                                 TensorView(counts.data(), DType::int32, {kExperts}), TensorView(), config);
+    status = moe_init_routing_v2(
+        xv, iv, attrs, TensorView(out.data(), DType::float16, {kTokens * kTopK, kHidden}),
+        TensorView(row_idx.data(), DType::int32, {kTokens * kTopK}),
+        TensorView(counts.data(), DType::int32, {kExperts}), TensorView(), config);
   };
   call();  // warm up: the pool starts its threads on first need
   ASSERT_TRUE(status.is_ok()) << status.message();
@@ -289,7 +309,11 @@ TEST_F(NoAllocation, CppApiWithoutWorkspaceReusesItsScratch) {
 
 // The counter itself works, also on the pool's threads: a parallel loop whose body allocates.
 TEST_F(NoAllocation, CounterSeesAllocations) {
-  EXPECT_GE(allocations_during([] { std::vector<int> v(100); (void)v; }), 1);
+  EXPECT_GE(allocations_during([] {
+              std::vector<int> v(100);
+              (void)v;
+            }),
+            1);
 }
 
 }  // namespace

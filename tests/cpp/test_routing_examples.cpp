@@ -1,5 +1,6 @@
 // The spec's forward examples (F1, F2, G1's forward, F3, Q1, Q2 and the static-quant flavour
-// example of §3.3), exactly, through every backend (reference, each CPU ISA, several thread counts).
+// example of §3.3), exactly, through every backend (reference, each CPU ISA, several thread
+// counts).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -73,7 +74,8 @@ TEST(RoutingExamples, F1ThroughTheTorchApiKeepsTheShapeAndZeroesTheTail) {
     c.attrs.expert_tokens_num_flag = true;
     ForwardResult r = testing::run_forward(c, runner);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
-    EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{1, 1.5f, 3, 3.5f, 1, 1.5f, 0, 0, 0, 0, 0, 0}))
+    EXPECT_EQ(r.expanded_x.float_values(),
+              (std::vector<float>{1, 1.5f, 3, 3.5f, 1, 1.5f, 0, 0, 0, 0, 0, 0}))
         << runner.name();
     EXPECT_EQ(ints(r.expanded_row_idx), (std::vector<int32_t>{2, 0, 4, 3, 1, 5})) << runner.name();
     EXPECT_EQ(longs(r.counts), (std::vector<int64_t>{2, 4, 6})) << runner.name();
@@ -120,13 +122,17 @@ TEST(RoutingExamples, F2DropPadThroughTheTorchApi) {
     c.attrs.expert_tokens_num_type = 1;
     ForwardResult r = testing::run_forward(c, runner);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
-    EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{10, 20, 10, 30, 20, 0})) << runner.name();
-    EXPECT_EQ(ints(r.expanded_row_idx), (std::vector<int32_t>{0, 2, 1, 4, -1, 3, -1, -1})) << runner.name();
+    EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{10, 20, 10, 30, 20, 0}))
+        << runner.name();
+    EXPECT_EQ(ints(r.expanded_row_idx), (std::vector<int32_t>{0, 2, 1, 4, -1, 3, -1, -1}))
+        << runner.name();
     EXPECT_EQ(longs(r.counts), (std::vector<int64_t>{4, 3, 1})) << runner.name();
     // Slots: p0 (token 0), p2 (token 1), p1 (token 0), p5 (token 2), p3 (token 1), empty.
-    EXPECT_EQ(r.expanded_topk_weight.values<float>(), (std::vector<float>{1, 3, 2, 6, 4, 0})) << runner.name();
+    EXPECT_EQ(r.expanded_topk_weight.values<float>(), (std::vector<float>{1, 3, 2, 6, 4, 0}))
+        << runner.name();
     EXPECT_EQ(r.expanded_topk_weight.shape, (std::vector<int64_t>{6, 1}));
-    EXPECT_EQ(r.expanded_scale.values<float>(), (std::vector<float>{0.5f, 1.5f, 0.5f, 2.5f, 1.5f, 0}))
+    EXPECT_EQ(r.expanded_scale.values<float>(),
+              (std::vector<float>{0.5f, 1.5f, 0.5f, 2.5f, 1.5f, 0}))
         << runner.name();
   }
 }
@@ -164,22 +170,26 @@ ForwardCase f3_case(int64_t row_idx_type, int64_t count_type) {
 }
 
 TEST(RoutingExamples, F3BothRowIdxTypesAndEveryCountType) {
-  const std::vector<std::vector<int64_t>> expected_counts = {{2, 4}, {2, 2}, {1, 2, 2, 2, 0, 0, 0, 0}};
+  const std::vector<std::vector<int64_t>> expected_counts = {
+      {2, 4}, {2, 2}, {1, 2, 2, 2, 0, 0, 0, 0}};
   const std::vector<std::vector<int64_t>> expected_count_shapes = {{2}, {2}, {4, 2}};
-  const std::vector<std::vector<int32_t>> expected_row_idx = {{0, -1, -1, 2, 3, 1}, {0, 5, 3, 4, 1, 2}};
+  const std::vector<std::vector<int32_t>> expected_row_idx = {{0, -1, -1, 2, 3, 1},
+                                                              {0, 5, 3, 4, 1, 2}};
   for (int64_t row_idx_type : {0, 1})
     for (int64_t count_type : {0, 1, 2})
       for (const testing::Runner& runner : testing::all_runners()) {
-        SCOPED_TRACE(::testing::Message() << "row_idx_type " << row_idx_type << " count type " << count_type
-                                          << " on " << runner.name());
+        SCOPED_TRACE(::testing::Message() << "row_idx_type " << row_idx_type << " count type "
+                                          << count_type << " on " << runner.name());
         ForwardCase c = f3_case(row_idx_type, count_type);
         ForwardResult r = testing::run_forward(c, runner);
         ASSERT_TRUE(r.status.is_ok()) << r.status.message();
         EXPECT_EQ(ints(r.expanded_row_idx), expected_row_idx[size_t(row_idx_type)]);
-        EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{1, 2, 5, 6, 3, 4, 5, 6, 0, 0, 0, 0}));
+        EXPECT_EQ(r.expanded_x.float_values(),
+                  (std::vector<float>{1, 2, 5, 6, 3, 4, 5, 6, 0, 0, 0, 0}));
         EXPECT_EQ(longs(r.counts), expected_counts[size_t(count_type)]);
         EXPECT_EQ(r.counts.shape, expected_count_shapes[size_t(count_type)]);
-        EXPECT_EQ(r.expanded_topk_weight.values<float>(), (std::vector<float>{0.1f, 0.6f, 0.4f, 0.5f, 0, 0}));
+        EXPECT_EQ(r.expanded_topk_weight.values<float>(),
+                  (std::vector<float>{0.1f, 0.6f, 0.4f, 0.5f, 0, 0}));
         EXPECT_FALSE(r.plan.expanded_scale.produced);
       }
 }
@@ -198,8 +208,10 @@ TEST(RoutingExamples, RowIdxType1TailFollowsTheGoldenOrder) {
     ForwardResult r = testing::run_forward(c, runner);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
     // routed: p3 (2), p7 (3); tail: p2 (4), p5 (4), p0 (5), then p1, p4, p6.
-    EXPECT_EQ(ints(r.expanded_row_idx), (std::vector<int32_t>{3, 7, 2, 5, 0, 1, 4, 6})) << runner.name();
-    EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{3, 7, 0, 0, 0, 0, 0, 0})) << runner.name();
+    EXPECT_EQ(ints(r.expanded_row_idx), (std::vector<int32_t>{3, 7, 2, 5, 0, 1, 4, 6}))
+        << runner.name();
+    EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{3, 7, 0, 0, 0, 0, 0, 0}))
+        << runner.name();
     // The flag is off: the count output is not produced.
     EXPECT_FALSE(r.plan.expert_tokens_count_or_cumsum.produced);
     EXPECT_EQ(r.plan.expert_tokens_count_or_cumsum.shape[0], 2);
@@ -256,7 +268,8 @@ TEST(RoutingExamples, Q1SmoothScaleUsesThePairsExpertRow) {
 
       // Two tokens, range [0, 2) with one smooth row per expert: row = expert - start.
       ForwardCase two = dynamic_case({1.0f, -0.5f, 0.25f, 0.0f, 1.0f, -0.5f, 0.25f, 0.0f}, flavour);
-      two.x = Tensor::floats(DType::float32, {2, 4}, {1.0f, -0.5f, 0.25f, 0.0f, 1.0f, -0.5f, 0.25f, 0.0f});
+      two.x = Tensor::floats(DType::float32, {2, 4},
+                             {1.0f, -0.5f, 0.25f, 0.0f, 1.0f, -0.5f, 0.25f, 0.0f});
       two.expert_idx = Tensor::int32s({2, 1}, {1, 0});
       two.attrs.expert_num = 2;
       two.scale = Tensor::floats(DType::float32, {2, 4}, {1, 1, 1, 1, 2, 1, -4, 1});
@@ -279,7 +292,8 @@ TEST(RoutingExamples, DynamicZeroAndNanRowsQuantiseToZero) {
     ForwardResult rn = testing::run_forward(nan, runner);
     ASSERT_TRUE(rn.status.is_ok()) << rn.status.message();
     EXPECT_EQ(bytes(rn.expanded_x), (std::vector<int8_t>{0, 0, 0})) << runner.name();
-    EXPECT_EQ(float_bits(rn.expanded_scale.values<float>()[0]), kCanonicalNanFloat32) << runner.name();
+    EXPECT_EQ(float_bits(rn.expanded_scale.values<float>()[0]), kCanonicalNanFloat32)
+        << runner.name();
   }
 }
 
@@ -298,7 +312,8 @@ TEST(RoutingExamples, DynamicScaleFlavoursDifferInTheLastBit) {
     ForwardResult r2 = testing::run_forward(a2, runner), r950 = testing::run_forward(a950, runner);
     ASSERT_TRUE(r2.status.is_ok() && r950.status.is_ok());
     EXPECT_EQ(r2.expanded_scale.values<float>()[0], m / 127.0f) << runner.name();
-    EXPECT_EQ(r950.expanded_scale.values<float>()[0], m * quantize::kReciprocal127) << runner.name();
+    EXPECT_EQ(r950.expanded_scale.values<float>()[0], m * quantize::kReciprocal127)
+        << runner.name();
     EXPECT_NE(r2.expanded_scale.values<float>()[0], r950.expanded_scale.values<float>()[0]);
   }
 }
@@ -324,7 +339,8 @@ TEST(RoutingExamples, Q2StaticInt8RoundsHalfToEvenAndSaturates) {
   for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
     for (const testing::Runner& runner : testing::all_runners()) {
       SCOPED_TRACE(std::string(quant_flavour_name(flavour)) + " on " + runner.name());
-      ForwardCase c = static_case(DType::float32, {1.0f, -0.75f, 0.25f, 100.0f, -1.25f}, 2.0f, &offset, flavour);
+      ForwardCase c = static_case(DType::float32, {1.0f, -0.75f, 0.25f, 100.0f, -1.25f}, 2.0f,
+                                  &offset, flavour);
       ForwardResult r = testing::run_forward(c, runner);
       ASSERT_TRUE(r.status.is_ok()) << r.status.message();
       EXPECT_EQ(bytes(r.expanded_x), (std::vector<int8_t>{2, -1, 1, 127, -2}));
@@ -333,15 +349,17 @@ TEST(RoutingExamples, Q2StaticInt8RoundsHalfToEvenAndSaturates) {
 }
 
 TEST(RoutingExamples, StaticQuantFlavoursDiffer) {
-  // Spec §3.3: x = 3.824000835418701, scale 1.7, offset 0: fp32 path 6.5008 -> 7, fp16 path 6.5 -> 6.
+  // Spec §3.3: x = 3.824000835418701, scale 1.7, offset 0: fp32 path 6.5008 -> 7, fp16 path 6.5
+  // -> 6.
   const float zero = 0.0f;
   for (const testing::Runner& runner : testing::all_runners())
     for (bool with_offset : {true, false}) {
-      ForwardCase a2 = static_case(DType::float32, {3.824000835418701f}, 1.7f, with_offset ? &zero : nullptr,
-                                   QuantFlavour::atlas_a2);
-      ForwardCase a950 = static_case(DType::float32, {3.824000835418701f}, 1.7f, with_offset ? &zero : nullptr,
-                                     QuantFlavour::ascend_950);
-      ForwardResult r2 = testing::run_forward(a2, runner), r950 = testing::run_forward(a950, runner);
+      ForwardCase a2 = static_case(DType::float32, {3.824000835418701f}, 1.7f,
+                                   with_offset ? &zero : nullptr, QuantFlavour::atlas_a2);
+      ForwardCase a950 = static_case(DType::float32, {3.824000835418701f}, 1.7f,
+                                     with_offset ? &zero : nullptr, QuantFlavour::ascend_950);
+      ForwardResult r2 = testing::run_forward(a2, runner),
+                    r950 = testing::run_forward(a950, runner);
       ASSERT_TRUE(r2.status.is_ok() && r950.status.is_ok());
       EXPECT_EQ(bytes(r2.expanded_x), (std::vector<int8_t>{7})) << runner.name();
       EXPECT_EQ(bytes(r950.expanded_x), (std::vector<int8_t>{6})) << runner.name();
@@ -353,12 +371,14 @@ TEST(RoutingExamples, StaticQuantSpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
     for (const testing::Runner& runner : testing::all_runners()) {
-      ForwardCase c = static_case(DType::float32, {2.5f, 3.5f, -2.5f, -3.5f, 1000.0f, -1000.0f, std::nanf(""),
-                                                   inf, -inf, 127.4f, -128.4f, -0.5f},
+      ForwardCase c = static_case(DType::float32,
+                                  {2.5f, 3.5f, -2.5f, -3.5f, 1000.0f, -1000.0f, std::nanf(""), inf,
+                                   -inf, 127.4f, -128.4f, -0.5f},
                                   1.0f, &offset, flavour);
       ForwardResult r = testing::run_forward(c, runner);
       ASSERT_TRUE(r.status.is_ok()) << r.status.message();
-      EXPECT_EQ(bytes(r.expanded_x), (std::vector<int8_t>{2, 4, -2, -4, 127, -128, 0, 127, -128, 127, -128, 0}))
+      EXPECT_EQ(bytes(r.expanded_x),
+                (std::vector<int8_t>{2, 4, -2, -4, 127, -128, 0, 127, -128, 127, -128, 0}))
           << quant_flavour_name(flavour) << " on " << runner.name();
     }
 }
@@ -394,16 +414,20 @@ TEST(RoutingExamples, RoundingHelpersAreExact) {
     for (float q : {std::nextafter(half, -1000.0f), half, std::nextafter(half, 1000.0f)}) {
       const double away = q < 0 ? -std::floor(-double(q) + 0.5) : std::floor(double(q) + 0.5);
       const double even = std::nearbyint(double(q));
-      EXPECT_EQ(quantize::int8_round_half_away(q), int8_t(std::max(-128.0, std::min(127.0, away)))) << q;
-      EXPECT_EQ(quantize::int8_round_half_even(q), int8_t(std::max(-128.0, std::min(127.0, even)))) << q;
+      EXPECT_EQ(quantize::int8_round_half_away(q), int8_t(std::max(-128.0, std::min(127.0, away))))
+          << q;
+      EXPECT_EQ(quantize::int8_round_half_even(q), int8_t(std::max(-128.0, std::min(127.0, even))))
+          << q;
     }
   }
   for (int i = -140 * 64; i <= 140 * 64; ++i) {
     const float q = float(i) / 64.0f;
     const double away = q < 0 ? -std::floor(-double(q) + 0.5) : std::floor(double(q) + 0.5);
     const double even = std::nearbyint(double(q));  // default rounding mode: ties to even
-    EXPECT_EQ(quantize::int8_round_half_away(q), int8_t(std::max(-128.0, std::min(127.0, away)))) << q;
-    EXPECT_EQ(quantize::int8_round_half_even(q), int8_t(std::max(-128.0, std::min(127.0, even)))) << q;
+    EXPECT_EQ(quantize::int8_round_half_away(q), int8_t(std::max(-128.0, std::min(127.0, away))))
+        << q;
+    EXPECT_EQ(quantize::int8_round_half_even(q), int8_t(std::max(-128.0, std::min(127.0, even))))
+        << q;
   }
 }
 

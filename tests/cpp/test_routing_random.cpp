@@ -23,7 +23,8 @@ using testing::V2Result;
 const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
 
 enum class Scenario { dropless, partial_range, active, drop_pad };
-const Scenario kScenarios[] = {Scenario::dropless, Scenario::partial_range, Scenario::active, Scenario::drop_pad};
+const Scenario kScenarios[] = {Scenario::dropless, Scenario::partial_range, Scenario::active,
+                               Scenario::drop_pad};
 const char* scenario_name(Scenario s) {
   switch (s) {
     case Scenario::dropless: return "dropless";
@@ -37,14 +38,16 @@ const char* scenario_name(Scenario s) {
 /// Values spread over binades (integer_values: small integers, for exact dot products).
 std::vector<float> random_values(Random& rng, int64_t n, bool integer_values) {
   std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
-  for (float& f : v) f = integer_values ? float(rng.integer(-3, 3)) : rng.uniform(int(rng.integer(-8, 8)));
+  for (float& f : v)
+    f = integer_values ? float(rng.integer(-3, 3)) : rng.uniform(int(rng.integer(-8, 8)));
   return v;
 }
 
-ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant, int64_t row_idx_type,
-                              bool integer_values) {
+ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant,
+                              int64_t row_idx_type, bool integer_values) {
   ForwardCase c;
-  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19), E = rng.integer(1, 12);
+  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19),
+                E = rng.integer(1, 12);
   c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
   std::vector<int32_t> ids(size_t(N * K));
   for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));  // -1 and E are never routed
@@ -68,8 +71,10 @@ ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64
     a.drop_pad_mode = 1;
     a.expert_capacity = rng.integer(1, N);
   }
-  if (rng.integer(0, 1)) c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
-  if (quant == -1 && rng.integer(0, 1)) c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
+  if (rng.integer(0, 1))
+    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
+  if (quant == -1 && rng.integer(0, 1))
+    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
   if (quant == 0) {
     c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
     if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(4)});
@@ -83,7 +88,8 @@ ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64
 
 V2Case make_v2_case(Random& rng, DType dtype, int mode, bool integer_values) {
   V2Case c;
-  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19), E = rng.integer(1, 12);
+  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19),
+                E = rng.integer(1, 12);
   c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
   std::vector<int32_t> ids(size_t(N * K));
   for (int32_t& id : ids) id = int32_t(rng.integer(0, E - 1));
@@ -113,13 +119,15 @@ TEST(RoutingRandom, TorchApiMatchesTheReferenceForEveryConfiguration) {
             if (scenario == Scenario::drop_pad && (quant != -1 || row_idx_type != 0)) continue;
             ForwardCase c = make_forward_case(rng, dtype, scenario, quant, row_idx_type, false);
             SCOPED_TRACE(::testing::Message()
-                         << dtype_name(dtype) << ' ' << scenario_name(scenario) << " quant " << quant
-                         << " row_idx_type " << row_idx_type << " N=" << c.x.shape[0] << " K="
-                         << c.expert_idx.shape[1] << " H=" << c.x.shape[1] << " E=" << c.attrs.expert_num);
+                         << dtype_name(dtype) << ' ' << scenario_name(scenario) << " quant "
+                         << quant << " row_idx_type " << row_idx_type << " N=" << c.x.shape[0]
+                         << " K=" << c.expert_idx.shape[1] << " H=" << c.x.shape[1]
+                         << " E=" << c.attrs.expert_num);
             ForwardResult expected = testing::run_forward(c, runners[0]);
             ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
             for (size_t r = 1; r < runners.size(); ++r)
-              EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, runners[r]))) << runners[r].name();
+              EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, runners[r])))
+                  << runners[r].name();
             ++checked;
           }
   EXPECT_GT(checked, 100);
@@ -132,16 +140,19 @@ TEST(RoutingRandom, V2MatchesTheReferenceForEveryConfiguration) {
     for (int mode : {0, 1, 2})
       for (int repeat = 0; repeat < 4; ++repeat) {
         V2Case c = make_v2_case(rng, dtype, mode, false);
-        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " mode " << mode << " repeat " << repeat);
+        SCOPED_TRACE(::testing::Message()
+                     << dtype_name(dtype) << " mode " << mode << " repeat " << repeat);
         V2Result expected = testing::run_v2(c, runners[0]);
         ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
         for (size_t r = 1; r < runners.size(); ++r)
-          EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r]))) << runners[r].name();
+          EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r])))
+              << runners[r].name();
       }
 }
 
 TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
-  // Enough pairs for several sort blocks and key blocks; fp16 rows, partial range, both row_idx_types.
+  // Enough pairs for several sort blocks and key blocks; fp16 rows, partial range, both
+  // row_idx_types.
   Random rng(11);
   const int64_t N = 4099, K = 8, H = 5, E = 37;
   std::vector<int32_t> ids(size_t(N * K));
@@ -163,7 +174,8 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
       ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
       for (int threads : {1, 2, 3, 8, 16})  // odd counts with a caller workspace
         EXPECT_TRUE(testing::same_result(
-            expected, testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
+            expected,
+            testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
             << threads << " threads, row_idx_type " << row_idx_type << " quant " << quant;
     }
   V2Case v2;
@@ -178,8 +190,8 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
   V2Result expected = testing::run_v2(v2, {Backend::reference, CpuIsa::automatic, 1});
   ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
   for (int threads : {1, 2, 3, 8, 16})
-    EXPECT_TRUE(testing::same_result(
-        expected, testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
+    EXPECT_TRUE(testing::same_result(expected, testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic,
+                                                                    threads, threads % 2 == 1})))
         << threads << " threads (V2 drop-pad)";
 }
 
@@ -199,7 +211,8 @@ TEST(RoutingRandom, StreamingThresholdIsTheLastLevelCacheInstanceFromSysfs) {
   int best_level = 0;
   int64_t best_bytes = 0;
   for (int index = 0; index < 16; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
     std::ifstream type_file(dir + "type"), level_file(dir + "level"), size_file(dir + "size");
     std::string type, size_text;
     int level = 0;
@@ -207,7 +220,10 @@ TEST(RoutingRandom, StreamingThresholdIsTheLastLevelCacheInstanceFromSysfs) {
     if (type == "Instruction" || !(level_file >> level) || !(size_file >> size_text)) continue;
     const int64_t value = std::stoll(size_text);
     const char unit = size_text.back();
-    const int64_t bytes = unit == 'K' ? value << 10 : unit == 'M' ? value << 20 : unit == 'G' ? value << 30 : value;
+    const int64_t bytes = unit == 'K'   ? value << 10
+                          : unit == 'M' ? value << 20
+                          : unit == 'G' ? value << 30
+                                        : value;
     if (level > best_level) {
       best_level = level;
       best_bytes = bytes;
@@ -236,12 +252,14 @@ TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
   c.attrs.expert_tokens_num_flag = true;
   c.attrs.row_idx_type = 1;
   MoeInitRoutingPlan plan;
-  ASSERT_TRUE(infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
-                                     c.topk_weight.view(), c.attrs, &plan).is_ok());
+  ASSERT_TRUE(infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
+                                     c.offset.view(), c.topk_weight.view(), c.attrs, &plan)
+                  .is_ok());
   const uint64_t size = moe_init_routing_workspace_size(plan, 2);
   // The ids do not matter: the same plan with other ids has the same size.
   EXPECT_GT(size, uint64_t(N * K * 8));
-  Tensor out = Tensor::from_spec(plan.expanded_x), row_idx = Tensor::from_spec(plan.expanded_row_idx),
+  Tensor out = Tensor::from_spec(plan.expanded_x),
+         row_idx = Tensor::from_spec(plan.expanded_row_idx),
          counts = Tensor::from_spec(plan.expert_tokens_count_or_cumsum);
   for (Tensor* t : {&out, &row_idx, &counts}) t->poison();
   std::vector<unsigned char> workspace(static_cast<size_t>(size));
@@ -249,19 +267,22 @@ TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
   config.num_threads = 2;
   config.workspace = workspace.data();
   config.workspace_bytes = size - 1;
-  const Status refused = moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
-                                          c.topk_weight.view(), c.attrs, out.view(), row_idx.view(),
-                                          counts.view(), TensorView(), TensorView(), config);
+  const Status refused = moe_init_routing(
+      c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(), c.topk_weight.view(),
+      c.attrs, out.view(), row_idx.view(), counts.view(), TensorView(), TensorView(), config);
   EXPECT_EQ(refused.code(), StatusCode::invalid_argument);
-  EXPECT_EQ(refused.message(), "moe_init_routing: workspace_bytes must be at least " + std::to_string(size) +
-                                   " for this call with num_threads 2 (moe_init_routing_workspace_size "
-                                   "with the same num_threads gives it), got " + std::to_string(size - 1));
+  EXPECT_EQ(refused.message(),
+            "moe_init_routing: workspace_bytes must be at least " + std::to_string(size) +
+                " for this call with num_threads 2 (moe_init_routing_workspace_size "
+                "with the same num_threads gives it), got " +
+                std::to_string(size - 1));
   for (const Tensor* t : {&out, &row_idx, &counts})
     for (uint8_t b : t->bytes) ASSERT_EQ(b, 0x5A) << "an output was written";
   config.backend = Backend::reference;  // ignores the workspace
   EXPECT_TRUE(moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(),
-                               c.topk_weight.view(), c.attrs, out.view(), row_idx.view(), counts.view(),
-                               TensorView(), TensorView(), config).is_ok());
+                               c.topk_weight.view(), c.attrs, out.view(), row_idx.view(),
+                               counts.view(), TensorView(), TensorView(), config)
+                  .is_ok());
 }
 
 TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
@@ -296,7 +317,8 @@ TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
     for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
       if (!cpu_isa_available(isa)) continue;
       for (int threads : {1, 2, 5})
-        EXPECT_TRUE(testing::same_result(expected, testing::run_forward(c, {Backend::cpu, isa, threads})))
+        EXPECT_TRUE(
+            testing::same_result(expected, testing::run_forward(c, {Backend::cpu, isa, threads})))
             << cpu_isa_name(isa) << ", " << threads << " threads, row_idx_type " << v.row_idx_type
             << " drop_pad " << v.drop_pad;
     }
@@ -308,7 +330,8 @@ TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
 TEST(RoutingRandom, HugeIdsTakeTheRadixPathAndMatchTheReference) {
   Random rng(5);
   const auto runners = testing::all_runners();
-  const int32_t int_max = std::numeric_limits<int32_t>::max(), int_min = std::numeric_limits<int32_t>::min();
+  const int32_t int_max = std::numeric_limits<int32_t>::max(),
+                int_min = std::numeric_limits<int32_t>::min();
   const int64_t N = 2500, K = 4, H = 2;
   // V2 without counts: ids need only be >= 0, so the key range is max id + 1 (> 2^16).
   {
@@ -322,7 +345,8 @@ TEST(RoutingRandom, HugeIdsTakeTheRadixPathAndMatchTheReference) {
     V2Result expected = testing::run_v2(c, runners[0]);
     ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
     for (size_t r = 1; r < runners.size(); ++r)
-      EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r]))) << runners[r].name();
+      EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r])))
+          << runners[r].name();
   }
   // V2 with counts over 100000 experts (range > 2^16, totals from the sorted keys).
   {
@@ -336,13 +360,15 @@ TEST(RoutingRandom, HugeIdsTakeTheRadixPathAndMatchTheReference) {
     V2Result expected = testing::run_v2(c, runners[0]);
     ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
     for (size_t r = 1; r < runners.size(); ++r)
-      EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r]))) << runners[r].name();
+      EXPECT_TRUE(testing::same_result(expected, testing::run_v2(c, runners[r])))
+          << runners[r].name();
   }
   // Torch API, row_idx_type 1: the tail sorts huge ids above the range; with an id of INT32_MAX the
   // ids below the range tie with it (the golden maps them to INT32_MAX) and keep position order.
   for (bool with_int_max : {true, false})
     for (int64_t count_type : {0, 2}) {
-      const int32_t choices[] = {int_min, -1, 0, 3, 7, 99999, 80000, 1 << 20, with_int_max ? int_max : 1 << 24};
+      const int32_t choices[] = {
+          int_min, -1, 0, 3, 7, 99999, 80000, 1 << 20, with_int_max ? int_max : 1 << 24};
       std::vector<int32_t> ids(size_t(N * K));
       for (int32_t& id : ids) id = choices[rng.integer(0, 8)];
       ForwardCase c;
@@ -371,12 +397,15 @@ TEST(RoutingRandom, CountingSortIsStableAndThreadIndependent) {
     const int64_t n = range == 20000 ? 170000 : 50000;
     std::vector<uint32_t> keys(static_cast<size_t>(n));
     for (uint32_t& k : keys)
-      k = rng.integer(0, 9) == 0 ? cpu::kNotRouted : uint32_t(rng.integer(0, int64_t(std::min<uint64_t>(range, 40)) - 1) *
-                                                           (range / std::min<uint64_t>(range, 40)));
+      k = rng.integer(0, 9) == 0
+              ? cpu::kNotRouted
+              : uint32_t(rng.integer(0, int64_t(std::min<uint64_t>(range, 40)) - 1) *
+                         (range / std::min<uint64_t>(range, 40)));
     std::vector<int32_t> expected;
     for (int64_t p = 0; p < n; ++p)
       if (keys[size_t(p)] != cpu::kNotRouted) expected.push_back(int32_t(p));
-    std::stable_sort(expected.begin(), expected.end(), [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
+    std::stable_sort(expected.begin(), expected.end(),
+                     [&](int32_t a, int32_t b) { return keys[a] < keys[b]; });
     std::vector<int64_t> expected_totals(size_t(std::min<uint64_t>(range, 1 << 20)), 0);
     const bool with_totals = range <= (uint64_t(1) << 20);
     if (with_totals)
@@ -387,9 +416,9 @@ TEST(RoutingRandom, CountingSortIsStableAndThreadIndependent) {
       std::vector<int32_t> rank(size_t(n), -7), expected_rank(size_t(n), -1);
       for (size_t d = 0; d < expected.size(); ++d) expected_rank[size_t(expected[d])] = int32_t(d);
       std::vector<int64_t> offsets(size_t(cpu::sort_offsets_entries(n, range, threads)));
-      const int64_t m = cpu::stable_counting_sort(keys.data(), n, range, threads, order.data(), scratch.data(),
-                                                  with_totals ? totals.data() : nullptr, rank.data(),
-                                                  offsets.data());
+      const int64_t m = cpu::stable_counting_sort(
+          keys.data(), n, range, threads, order.data(), scratch.data(),
+          with_totals ? totals.data() : nullptr, rank.data(), offsets.data());
       ASSERT_EQ(m, int64_t(expected.size())) << "range " << range << ", " << threads << " threads";
       EXPECT_EQ(rank, expected_rank) << "range " << range << ", " << threads << " threads";
       order.resize(size_t(m));
@@ -410,16 +439,17 @@ double dot(const Tensor& a, const Tensor& b, int64_t count) {
 }
 
 /// Runs moe_init_routing_grad(g) in the scenario that matches the forward and returns <x, grad_x>.
-double backward_dot(const Tensor& x, Tensor& g, const std::vector<int32_t>& gather_row_idx, int64_t top_k,
-                    int64_t drop_pad_mode, int64_t active_num, std::vector<int64_t> grad_shape) {
+double backward_dot(const Tensor& x, Tensor& g, const std::vector<int32_t>& gather_row_idx,
+                    int64_t top_k, int64_t drop_pad_mode, int64_t active_num,
+                    std::vector<int64_t> grad_shape) {
   const int64_t N = x.shape[0], H = x.shape[1];
   Tensor grad_x(x.dtype, {N, H});
   grad_x.poison();
   std::vector<int32_t> idx = gather_row_idx;
   MoeInitRoutingGradAttrs attrs{top_k, drop_pad_mode, active_num};
-  Status s = moe_init_routing_grad(TensorView(g.bytes.data(), g.dtype, int(grad_shape.size()), grad_shape.data()),
-                                   TensorView(idx.data(), DType::int32, {int64_t(idx.size())}), attrs,
-                                   grad_x.view());
+  Status s = moe_init_routing_grad(
+      TensorView(g.bytes.data(), g.dtype, int(grad_shape.size()), grad_shape.data()),
+      TensorView(idx.data(), DType::int32, {int64_t(idx.size())}), attrs, grad_x.view());
   EXPECT_TRUE(s.is_ok()) << s.message();
   return dot(x, grad_x, N * H);
 }
@@ -440,28 +470,34 @@ TEST(RoutingRandom, AdjointIdentityHoldsForEveryNonQuantisedTorchApiConfiguratio
             c.attrs.active_num = rng.integer(1, 4);
             c.scale = Tensor();
           }
-          SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << ' ' << scenario_name(scenario)
-                                            << " row_idx_type " << row_idx_type << " repeat " << repeat);
-          for (const testing::Runner& runner : {testing::all_runners()[0], testing::all_runners().back()}) {
+          SCOPED_TRACE(::testing::Message()
+                       << dtype_name(dtype) << ' ' << scenario_name(scenario) << " row_idx_type "
+                       << row_idx_type << " repeat " << repeat);
+          for (const testing::Runner& runner :
+               {testing::all_runners()[0], testing::all_runners().back()}) {
             ForwardResult r = testing::run_forward(c, runner);
             ASSERT_TRUE(r.status.is_ok()) << r.status.message();
             const int64_t N = c.x.shape[0], K = c.expert_idx.shape[1], H = c.x.shape[1];
-            Tensor g = Tensor::floats(dtype, r.expanded_x.shape, random_values(rng, r.expanded_x.numel(), true));
+            Tensor g = Tensor::floats(dtype, r.expanded_x.shape,
+                                      random_values(rng, r.expanded_x.numel(), true));
             const double forward = dot(r.expanded_x, g, g.numel());
 
             // Routed pairs and the rows that hold data.
             const std::vector<int32_t> ids = c.expert_idx.values<int32_t>();
             const int64_t s = r.plan.range_start, e = r.plan.range_end;
-            const int64_t routed = std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return id >= s && id < e; });
+            const int64_t routed = std::count_if(ids.begin(), ids.end(),
+                                                 [&](int32_t id) { return id >= s && id < e; });
             std::vector<int32_t> gather = r.expanded_row_idx.values<int32_t>();
             if (row_idx_type == 1) {  // scatter -> gather: entry d < routed holds the flat position
               std::vector<int32_t> converted(gather.size(), -1);
-              for (int64_t d = 0; d < routed; ++d) converted[size_t(gather[size_t(d)])] = int32_t(d);
+              for (int64_t d = 0; d < routed; ++d)
+                converted[size_t(gather[size_t(d)])] = int32_t(d);
               gather = converted;
             }
             double backward;
             if (c.attrs.drop_pad_mode == 1) {
-              backward = backward_dot(c.x, g, gather, K, 1, 0, {c.attrs.expert_num, c.attrs.expert_capacity, H});
+              backward = backward_dot(c.x, g, gather, K, 1, 0,
+                                      {c.attrs.expert_num, c.attrs.expert_capacity, H});
             } else {
               const int64_t rows = std::min(r.plan.row_limit, routed);
               if (rows < routed)  // cut by active_num: the active scenario skips indices >= rows
@@ -484,19 +520,24 @@ TEST(RoutingRandom, AdjointIdentityHoldsForEveryV2Configuration) {
     for (int mode : {0, 1, 2})
       for (int repeat = 0; repeat < 4; ++repeat) {
         V2Case c = make_v2_case(rng, dtype, mode, true);
-        for (const testing::Runner& runner : {testing::all_runners()[0], testing::all_runners().back()}) {
+        for (const testing::Runner& runner :
+             {testing::all_runners()[0], testing::all_runners().back()}) {
           V2Result r = testing::run_v2(c, runner);
           ASSERT_TRUE(r.status.is_ok()) << r.status.message();
           const int64_t K = c.expert_idx.shape[1], H = c.x.shape[1];
-          Tensor g = Tensor::floats(dtype, r.expanded_x.shape, random_values(rng, r.expanded_x.numel(), true));
+          Tensor g = Tensor::floats(dtype, r.expanded_x.shape,
+                                    random_values(rng, r.expanded_x.numel(), true));
           const double forward = dot(r.expanded_x, g, g.numel());
           const std::vector<int32_t> row_idx = r.expanded_row_idx.values<int32_t>();
           double backward;
           if (mode == 2)
-            backward = backward_dot(c.x, g, row_idx, K, 1, 0, {c.attrs.expert_num, c.attrs.expert_capacity, H});
+            backward = backward_dot(c.x, g, row_idx, K, 1, 0,
+                                    {c.attrs.expert_num, c.attrs.expert_capacity, H});
           else
-            backward = backward_dot(c.x, g, row_idx, K, 0, c.attrs.active_num, {r.expanded_x.shape[0], H});
-          EXPECT_EQ(forward, backward) << dtype_name(dtype) << " mode " << mode << " on " << runner.name();
+            backward =
+                backward_dot(c.x, g, row_idx, K, 0, c.attrs.active_num, {r.expanded_x.shape[0], H});
+          EXPECT_EQ(forward, backward)
+              << dtype_name(dtype) << " mode " << mode << " on " << runner.name();
           nonzero += forward != 0;
           ++total;
         }
@@ -555,7 +596,8 @@ TEST(RoutingRandom, EmptyInputsGiveShapedOutputsAndZeroCounts) {
       EXPECT_EQ(r.expanded_x.shape, (std::vector<int64_t>{0, 3}));
       EXPECT_EQ(r.expanded_scale.shape, (std::vector<int64_t>{0}));
       EXPECT_EQ(r.expanded_topk_weight.shape, (std::vector<int64_t>{0, 1}));
-      EXPECT_EQ(r.counts.values<int64_t>(), std::vector<int64_t>(type == 2 ? 10 : 5, 0)) << "type " << type;
+      EXPECT_EQ(r.counts.values<int64_t>(), std::vector<int64_t>(type == 2 ? 10 : 5, 0))
+          << "type " << type;
     }
     // Torch API, N = 0, drop-pad: every slot zero.
     ForwardCase d;
@@ -593,9 +635,9 @@ TEST(RoutingRandom, NotProducedOutputsPassedWithDataAreZeroFilled) {
     Tensor expanded_x(DType::int8, {2, 2}), row_idx(DType::int32, {2}), counts(DType::int64, {3}),
         expanded_scale(DType::float32, {2}), topk(DType::float32, {0});
     for (Tensor* t : {&expanded_x, &row_idx, &counts, &expanded_scale}) t->poison();
-    Status s = moe_init_routing(x.view(), ids.view(), scale.view(), TensorView(), TensorView(), attrs,
-                                expanded_x.view(), row_idx.view(), counts.view(), expanded_scale.view(),
-                                topk.view(), runner.config());
+    Status s = moe_init_routing(x.view(), ids.view(), scale.view(), TensorView(), TensorView(),
+                                attrs, expanded_x.view(), row_idx.view(), counts.view(),
+                                expanded_scale.view(), topk.view(), runner.config());
     ASSERT_TRUE(s.is_ok()) << s.message();
     EXPECT_EQ(expanded_x.values<int8_t>(), (std::vector<int8_t>{3, 4, 1, 2}));
     EXPECT_EQ(counts.values<int64_t>(), (std::vector<int64_t>{0, 0, 0}));
@@ -624,7 +666,8 @@ TEST(RoutingRandom, V2AcceptsIdsAboveExpertNumWhenItIsUnused) {
   for (const testing::Runner& runner : testing::all_runners()) {
     V2Result r = testing::run_v2(c, runner);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
-    EXPECT_EQ(r.expanded_row_idx.values<int32_t>(), (std::vector<int32_t>{2, 1, 0})) << runner.name();
+    EXPECT_EQ(r.expanded_row_idx.values<int32_t>(), (std::vector<int32_t>{2, 1, 0}))
+        << runner.name();
     EXPECT_EQ(r.expanded_x.float_values(), (std::vector<float>{3, 2, 1})) << runner.name();
   }
 }

@@ -21,7 +21,8 @@ TEST(ThreadPool, BackToBackJobsRunEveryPieceOnce) {
     detail::parallel_for(pieces, pieces, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p) hits[p].fetch_add(1);
     });
-    for (int p = 0; p < pieces; ++p) ASSERT_EQ(hits[p].load(), 1) << "iteration " << iteration << " piece " << p;
+    for (int p = 0; p < pieces; ++p)
+      ASSERT_EQ(hits[p].load(), 1) << "iteration " << iteration << " piece " << p;
   }
 }
 
@@ -48,12 +49,14 @@ void reverse_serial_parallel_for(int64_t num_tasks, int max_pieces,
 
 TEST(ThreadPool, HostParallelBackendRunsTheKernelsLoops) {
   testing::Random rng(77);
-  testing::GradCase grad = testing::make_grad_case(rng, GradScenario::dropless, DType::bfloat16, 900, 8, 1000);
+  testing::GradCase grad =
+      testing::make_grad_case(rng, GradScenario::dropless, DType::bfloat16, 900, 8, 1000);
   testing::ForwardCase forward;
   const int64_t N = 900, K = 8, H = 1000;
   std::vector<int32_t> ids(size_t(N * K));
   for (int32_t& id : ids) id = int32_t(rng.integer(-1, 40));
-  forward.x = testing::Tensor::floats(DType::bfloat16, {N, H}, std::vector<float>(size_t(N * H), 1.5f));
+  forward.x =
+      testing::Tensor::floats(DType::bfloat16, {N, H}, std::vector<float>(size_t(N * H), 1.5f));
   forward.expert_idx = testing::Tensor::int32s({N, K}, ids);
   forward.attrs.expert_num = 40;
   forward.attrs.expert_tokens_num_flag = true;

@@ -23,10 +23,12 @@ struct FloatBuffer {
   std::vector<uint8_t> bytes;
 
   FloatBuffer() = default;
-  FloatBuffer(DType dtype_, int64_t count) : dtype(dtype_), bytes(size_t(count) * dtype_size(dtype_)) {}
+  FloatBuffer(DType dtype_, int64_t count)
+      : dtype(dtype_), bytes(size_t(count) * dtype_size(dtype_)) {}
   static FloatBuffer from_floats(DType dtype, const std::vector<float>& values) {
     FloatBuffer b(dtype, int64_t(values.size()));
-    for (size_t i = 0; i < values.size(); ++i) store_from_float(b.data(), dtype, int64_t(i), values[i]);
+    for (size_t i = 0; i < values.size(); ++i)
+      store_from_float(b.data(), dtype, int64_t(i), values[i]);
     return b;
   }
   int64_t count() const { return int64_t(bytes.size() / dtype_size(dtype)); }
@@ -45,11 +47,12 @@ struct FloatBuffer {
 };
 
 /// Compares bit patterns; on mismatch reports the first differing element and the count.
-inline ::testing::AssertionResult bitwise_equal(const FloatBuffer& expected, const FloatBuffer& got) {
+inline ::testing::AssertionResult bitwise_equal(const FloatBuffer& expected,
+                                                const FloatBuffer& got) {
   if (expected.dtype != got.dtype || expected.bytes.size() != got.bytes.size())
-    return ::testing::AssertionFailure() << "dtype/size differ: " << dtype_name(expected.dtype) << " x "
-                                         << expected.count() << " vs " << dtype_name(got.dtype) << " x "
-                                         << got.count();
+    return ::testing::AssertionFailure()
+           << "dtype/size differ: " << dtype_name(expected.dtype) << " x " << expected.count()
+           << " vs " << dtype_name(got.dtype) << " x " << got.count();
   int64_t differing = 0, first = -1;
   for (int64_t i = 0; i < expected.count(); ++i) {
     if (expected.bits(i) != got.bits(i)) {
@@ -59,9 +62,9 @@ inline ::testing::AssertionResult bitwise_equal(const FloatBuffer& expected, con
   }
   if (differing == 0) return ::testing::AssertionSuccess();
   std::ostringstream out;
-  out << differing << " of " << expected.count() << " elements differ; first at flat index " << first
-      << ": expected " << expected.at(first) << " (0x" << std::hex << expected.bits(first) << "), got "
-      << std::dec << got.at(first) << " (0x" << std::hex << got.bits(first) << ")";
+  out << differing << " of " << expected.count() << " elements differ; first at flat index "
+      << first << ": expected " << expected.at(first) << " (0x" << std::hex << expected.bits(first)
+      << "), got " << std::dec << got.at(first) << " (0x" << std::hex << got.bits(first) << ")";
   return ::testing::AssertionFailure() << out.str();
 }
 

@@ -210,9 +210,7 @@ Status ArgParser::assign(Flag& flag, const std::string& value) {
       *flag.list_target_ = numbers;
       return Status::ok();
     }
-    case Flag::Kind::on_off:
-      *flag.switch_target_ = true;
-      return Status::ok();
+    case Flag::Kind::on_off: *flag.switch_target_ = true; return Status::ok();
   }
   return error(flag.name_, " has an unknown kind, got ", int(flag.kind_));  // unreachable
 }

@@ -116,8 +116,10 @@ __attribute__((target("avx2"))) uint64_t read_streams_avx2(const char* begin, si
   for (size_t i = 0; i < per_stream; i += 64)
     for (int k = 0; k < kReadStreams; ++k) {
       const char* line = begin + size_t(k) * per_stream + i;
-      sums[k] = _mm256_add_epi64(sums[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)));
-      sums[k] = _mm256_add_epi64(sums[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)));
+      sums[k] =
+          _mm256_add_epi64(sums[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line)));
+      sums[k] = _mm256_add_epi64(sums[k],
+                                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line + 32)));
     }
   __m256i total = sums[0];
   for (int k = 1; k < kReadStreams; ++k) total = _mm256_add_epi64(total, sums[k]);
@@ -157,7 +159,8 @@ class BandwidthMeter {
 #endif
       sink_.fetch_add(total, std::memory_order_relaxed);
     });
-    sample.write_s = run(threads, [this](size_t lo, size_t hi) { std::memset(dst_.data() + lo, 3, hi - lo); });
+    sample.write_s =
+        run(threads, [this](size_t lo, size_t hi) { std::memset(dst_.data() + lo, 3, hi - lo); });
     return sample;
   }
   /// Seconds to zero the whole buffer with CLZERO (cpu_has_clzero() must hold): a write of
@@ -168,7 +171,10 @@ class BandwidthMeter {
       // CLZERO clears the aligned line that holds its address: only whole lines of the share.
       const uintptr_t base = reinterpret_cast<uintptr_t>(dst_.data());
       for (size_t at = ((base + lo + 63) & ~uintptr_t(63)) - base; at + 64 <= hi; at += 64)
-        asm volatile(".byte 0x0f, 0x01, 0xfc" : : "a"(dst_.data() + at) : "memory");  // clzero [rax]
+        asm volatile(".byte 0x0f, 0x01, 0xfc"
+                     :
+                     : "a"(dst_.data() + at)
+                     : "memory");  // clzero [rax]
       asm volatile("sfence" : : : "memory");
 #else
       (void)lo, (void)hi;
@@ -222,7 +228,8 @@ double limit_seconds(double reads, double writes, double copy_bw, double read_bw
   return std::max({(reads + writes) / copy_bw, reads / read_bw, writes / write_bw});
 }
 /// The highest fraction of the copy bandwidth such a kernel can reach (its bytes in the limit).
-double ceiling_of_copy(double reads, double writes, double copy_bw, double read_bw, double write_bw) {
+double ceiling_of_copy(double reads, double writes, double copy_bw, double read_bw,
+                       double write_bw) {
   const double limit_s = limit_seconds(reads, writes, copy_bw, read_bw, write_bw);
   return std::min(1.0, (reads + writes) / limit_s / copy_bw);  // 1 where the copy term binds
 }
@@ -253,29 +260,29 @@ struct Row {
 class BenchCommand : public Command {
  public:
   CommandInfo info() const override {
-    return {"bench",
-            "time both operators' CPU kernels on real MoE shapes against the copy bandwidth",
-            "For each shape (hidden size, experts, top_k of a real model), token count, operator and\n"
-            "scenario: builds a seeded synthetic batch, warms up, then reports the median time of\n"
-            "--runs runs, the bytes that must move (each input read once, each output written once;\n"
-            "for the backward only the gradient rows that are summed), GB/s, that as a fraction of\n"
-            "this machine's copy bandwidth (memcpy of 512 MiB with the same thread count, measured\n"
-            "right before each timed run of a row moving >= 64 MiB, around the runs of a smaller\n"
-            "one: shared machines drift), the shortest time the bytes allow (the copy, read-only\n"
-            "and write-only bandwidths, measured the same way, applied to all bytes, the reads and\n"
-            "the writes: the longest of the three) and the fraction of it reached, the fraction of\n"
-            "copy a kernel taking that shortest time would reach (max%copy: what this machine allows\n"
-            "right now), and the peak memory the call used beyond its inputs and outputs.\n"
-            "--machine measures only the memory: copy, read and write bandwidth with one thread and\n"
-            "with --threads, and the max%copy they allow each operator.\n\n"
-            "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
-            "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
-            "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
-            "touched before timing, so page faults are not measured.",
-            "moe-routing bench\n"
-            "moe-routing bench --op grad --shape deepseek-v3 --tokens 4096 --threads 2\n"
-            "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv\n"
-            "moe-routing bench --machine"};
+    return {
+        "bench", "time both operators' CPU kernels on real MoE shapes against the copy bandwidth",
+        "For each shape (hidden size, experts, top_k of a real model), token count, operator and\n"
+        "scenario: builds a seeded synthetic batch, warms up, then reports the median time of\n"
+        "--runs runs, the bytes that must move (each input read once, each output written once;\n"
+        "for the backward only the gradient rows that are summed), GB/s, that as a fraction of\n"
+        "this machine's copy bandwidth (memcpy of 512 MiB with the same thread count, measured\n"
+        "right before each timed run of a row moving >= 64 MiB, around the runs of a smaller\n"
+        "one: shared machines drift), the shortest time the bytes allow (the copy, read-only\n"
+        "and write-only bandwidths, measured the same way, applied to all bytes, the reads and\n"
+        "the writes: the longest of the three) and the fraction of it reached, the fraction of\n"
+        "copy a kernel taking that shortest time would reach (max%copy: what this machine allows\n"
+        "right now), and the peak memory the call used beyond its inputs and outputs.\n"
+        "--machine measures only the memory: copy, read and write bandwidth with one thread and\n"
+        "with --threads, and the max%copy they allow each operator.\n\n"
+        "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
+        "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
+        "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
+        "touched before timing, so page faults are not measured.",
+        "moe-routing bench\n"
+        "moe-routing bench --op grad --shape deepseek-v3 --tokens 4096 --threads 2\n"
+        "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv\n"
+        "moe-routing bench --machine"};
   }
 
   void declare(ArgParser& p) override {
@@ -285,23 +292,27 @@ class BenchCommand : public Command {
     p.add_string("--tokens", "N,N,...", "token counts to sweep", &tokens_text_);
     p.add_choice("--dtype", "dtype of the float tensors", {"bf16", "fp16", "fp32"}, &dtype_text_);
     p.add_choice("--order", "backward accumulation order", {"tree", "sequential"}, &order_text_);
-    p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0, 1024);
-    p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1, 1000);
+    p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0,
+              1024);
+    p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1,
+              1000);
     p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);
-    p.add_switch("--machine",
-                 "only measure this machine's memory (copy, read, write; 1 and --threads threads; --runs "
-                 "rounds) and the %copy ceilings it sets for both operators",
-                 &machine_);
+    p.add_switch(
+        "--machine",
+        "only measure this machine's memory (copy, read, write; 1 and --threads threads; --runs "
+        "rounds) and the %copy ceilings it sets for both operators",
+        &machine_);
   }
 
   int run(const ArgParser& parser) override {
     if (machine_)
       for (const char* flag : {"--op", "--shape", "--tokens", "--dtype", "--order", "--csv"})
         if (parser.given(flag))
-          return report_error(invalid_argument("moe-routing: bench: ", flag,
-                                               " cannot be combined with --machine (which measures only "
-                                               "the memory; only --threads and --runs apply), got ",
-                                               flag));
+          return report_error(
+              invalid_argument("moe-routing: bench: ", flag,
+                               " cannot be combined with --machine (which measures only "
+                               "the memory; only --threads and --runs apply), got ",
+                               flag));
     std::vector<int64_t> token_counts;
     {
       std::stringstream in(tokens_text_);
@@ -330,12 +341,13 @@ class BenchCommand : public Command {
       if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
     const bool do_grad = op_ == "all" || op_ == "grad";
     const bool do_forward = op_ == "all" || op_ == "init-routing";
-    const size_t total = shapes.size() * token_counts.size() * ((do_grad ? 3 : 0) + (do_forward ? 2 : 0));
+    const size_t total =
+        shapes.size() * token_counts.size() * ((do_grad ? 3 : 0) + (do_forward ? 2 : 0));
 
     std::vector<Row> rows;
     auto time_call = [&](Row row, const std::function<Status()>& call) -> Status {
-      std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total, row.op.c_str(),
-                   row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
+      std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total,
+                   row.op.c_str(), row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
       // Large rows: each timed run is paired with a copy measured just before it (and an untimed
       // call), so both see the same state of a shared machine. Rows that fit the caches run
       // back to back (a 512 MiB copy between them would evict their data and measure the
@@ -370,7 +382,8 @@ class BenchCommand : public Command {
       row.ms = median(times) * 1e3;
       row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
       row.fraction = row.gbps / row.copy_gbps;
-      row.limit_ms = 1e3 * limit_seconds(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
+      row.limit_ms =
+          1e3 * limit_seconds(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       row.ceiling = ceiling_of_copy(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       rows.push_back(row);
       return Status::ok();
@@ -390,24 +403,29 @@ class BenchCommand : public Command {
         if (do_grad) {
           for (GradProblem& problem : grad_problems(expert_idx, n, K, E, H)) {
             int64_t source_rows = 1;
-            for (size_t d = 0; d + 1 < problem.grad_shape.size(); ++d) source_rows *= problem.grad_shape[d];
+            for (size_t d = 0; d + 1 < problem.grad_shape.size(); ++d)
+              source_rows *= problem.grad_shape[d];
             std::vector<uint8_t> grad = random_floats(source_rows * H, dtype, 7);
             std::vector<uint8_t> out(size_t(n * H) * size_t(esize));
             std::memset(out.data(), 0, out.size());
             MoeInitRoutingGradAttrs attrs = problem.attrs;
-            attrs.order = order_text_ == "sequential" ? AccumulationOrder::sequential : AccumulationOrder::tree;
+            attrs.order = order_text_ == "sequential" ? AccumulationOrder::sequential
+                                                      : AccumulationOrder::tree;
             int64_t present = 0;
             for (int32_t r : problem.expanded_row_idx)
-              present += (r != -1 && (attrs.active_num == 0 || attrs.drop_pad_mode == 1 || r < attrs.active_num));
+              present += (r != -1 && (attrs.active_num == 0 || attrs.drop_pad_mode == 1 ||
+                                      r < attrs.active_num));
             Row row = base;
             row.op = "grad";
             row.scenario = grad_scenario_name(problem.scenario);
             row.read_bytes = double(present) * double(H) * esize + double(n * K) * 4.0;
             row.write_bytes = double(n * H) * esize;
-            const TensorView g(grad.data(), dtype, int(problem.grad_shape.size()), problem.grad_shape.data());
+            const TensorView g(grad.data(), dtype, int(problem.grad_shape.size()),
+                               problem.grad_shape.data());
             const TensorView idx(problem.expanded_row_idx.data(), DType::int32, {n * K});
             const TensorView o(out.data(), dtype, {n, H});
-            Status s = time_call(row, [&] { return moe_init_routing_grad(g, idx, attrs, o, config); });
+            Status s =
+                time_call(row, [&] { return moe_init_routing_grad(g, idx, attrs, o, config); });
             if (!s.is_ok()) return report_error(s);
           }
         }
@@ -436,7 +454,8 @@ class BenchCommand : public Command {
             };
             std::vector<uint8_t> ex = alloc(plan.expanded_x), eri = alloc(plan.expanded_row_idx),
                                  cnt = alloc(plan.expert_tokens_count_or_cumsum),
-                                 sc = alloc(plan.expanded_scale), tw = alloc(plan.expanded_topk_weight);
+                                 sc = alloc(plan.expanded_scale),
+                                 tw = alloc(plan.expanded_topk_weight);
             Row row = base;
             row.op = "init-routing";
             row.scenario = drop_pad ? "drop_pad" : "dropless";
@@ -444,11 +463,10 @@ class BenchCommand : public Command {
             row.write_bytes = double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
                               double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
             s = time_call(row, [&] {
-              return moe_init_routing(xv, iv, {}, {}, {}, attrs, view(ex, plan.expanded_x),
-                                      view(eri, plan.expanded_row_idx),
-                                      view(cnt, plan.expert_tokens_count_or_cumsum),
-                                      view(sc, plan.expanded_scale), view(tw, plan.expanded_topk_weight),
-                                      config);
+              return moe_init_routing(
+                  xv, iv, {}, {}, {}, attrs, view(ex, plan.expanded_x),
+                  view(eri, plan.expanded_row_idx), view(cnt, plan.expert_tokens_count_or_cumsum),
+                  view(sc, plan.expanded_scale), view(tw, plan.expanded_topk_weight), config);
             });
             if (!s.is_ok()) return report_error(s);
           }
@@ -458,34 +476,46 @@ class BenchCommand : public Command {
 
     std::printf("moe-routing bench: %s, %d threads, CPU kernels (%s), median of %lld runs\n",
                 dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
-    std::printf("copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each row;\n"
-                "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
-                "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n");
-    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %7s %16s %7s %8s %9s %7s %8s\n", "op", "scenario",
-                "shape", "N", "H", "E", "K", "ms", "MB moved", "GB/s", "copy/read/write", "%copy", "max%copy",
-                "limit ms", "%limit", "extra MB");
+    std::printf(
+        "copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each "
+        "row;\n"
+        "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
+        "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n");
+    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %7s %16s %7s %8s %9s %7s %8s\n", "op",
+                "scenario", "shape", "N", "H", "E", "K", "ms", "MB moved", "GB/s",
+                "copy/read/write", "%copy", "max%copy", "limit ms", "%limit", "extra MB");
     for (const Row& r : rows) {
       char extra[32] = "n/a";
-      if (r.extra_memory >= 0) std::snprintf(extra, sizeof extra, "%.2f", double(r.extra_memory) / 1e6);
+      if (r.extra_memory >= 0)
+        std::snprintf(extra, sizeof extra, "%.2f", double(r.extra_memory) / 1e6);
       char bandwidths[48];
-      std::snprintf(bandwidths, sizeof bandwidths, "%.0f/%.0f/%.0f", r.copy_gbps, r.read_gbps, r.write_gbps);
-      std::printf("%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.1f %7.2f %16s %6.1f%% %7.1f%% %9.3f %6.1f%% %8s\n",
-                  r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens, (long long)r.hidden,
-                  (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6, r.gbps, bandwidths,
-                  100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms, 100.0 * r.limit_ms / r.ms, extra);
+      std::snprintf(bandwidths, sizeof bandwidths, "%.0f/%.0f/%.0f", r.copy_gbps, r.read_gbps,
+                    r.write_gbps);
+      std::printf(
+          "%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.1f %7.2f %16s %6.1f%% %7.1f%% %9.3f "
+          "%6.1f%% %8s\n",
+          r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens,
+          (long long)r.hidden, (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6,
+          r.gbps, bandwidths, 100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms,
+          100.0 * r.limit_ms / r.ms, extra);
     }
     if (!csv_.empty()) {
       std::ofstream out(csv_);
-      out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,fraction_of_copy,"
-             "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_bytes,"
+      out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,"
+             "fraction_of_copy,"
+             "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_"
+             "bytes,"
              "ceiling_fraction_of_copy\n";
       for (const Row& r : rows)
-        out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden << ','
-            << r.experts << ',' << r.top_k << ',' << dtype_name(dtype) << ',' << threads << ',' << r.ms << ','
-            << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ',' << r.fraction << ',' << r.read_bytes << ','
-            << r.write_bytes << ',' << r.read_gbps << ',' << r.write_gbps << ',' << r.limit_ms << ','
-            << r.limit_ms / r.ms << ',' << r.extra_memory << ',' << r.ceiling << '\n';
-      if (!out) return report_error(runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
+        out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden
+            << ',' << r.experts << ',' << r.top_k << ',' << dtype_name(dtype) << ',' << threads
+            << ',' << r.ms << ',' << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ','
+            << r.fraction << ',' << r.read_bytes << ',' << r.write_bytes << ',' << r.read_gbps
+            << ',' << r.write_gbps << ',' << r.limit_ms << ',' << r.limit_ms / r.ms << ','
+            << r.extra_memory << ',' << r.ceiling << '\n';
+      if (!out)
+        return report_error(
+            runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
       std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());
     }
     return kExitOk;
@@ -510,9 +540,10 @@ class BenchCommand : public Command {
       }
     }
     const double bytes = double(BandwidthMeter::kBytes);
-    std::printf("moe-routing bench --machine: memory bandwidth over 512 MiB buffers, GB/s, median of %lld "
-                "rounds\n",
-                (long long)runs_);
+    std::printf(
+        "moe-routing bench --machine: memory bandwidth over 512 MiB buffers, GB/s, median of %lld "
+        "rounds\n",
+        (long long)runs_);
     std::printf("%-58s", "");
     for (int count : counts)
       std::printf(" %17s", (std::to_string(count) + (count == 1 ? " thread" : " threads")).c_str());
@@ -526,7 +557,8 @@ class BenchCommand : public Command {
          [&](size_t c) { return BandwidthMeter::copy_bandwidth(samples[c]); });
     line("read alone (a sum over 8 streams per thread)",
          [&](size_t c) { return BandwidthMeter::read_bandwidth(samples[c]); });
-    line("write alone (memset)", [&](size_t c) { return BandwidthMeter::write_bandwidth(samples[c]); });
+    line("write alone (memset)",
+         [&](size_t c) { return BandwidthMeter::write_bandwidth(samples[c]); });
     if (clzero)
       line("write alone, zero lines (CLZERO: no data leaves the core)",
            [&](size_t c) { return bytes / median(zero_s[c]); });
@@ -536,12 +568,16 @@ class BenchCommand : public Command {
     const double copy_bw = BandwidthMeter::copy_bandwidth(samples[last]);
     const double read_bw = BandwidthMeter::read_bandwidth(samples[last]);
     const double write_bw = BandwidthMeter::write_bandwidth(samples[last]);
-    std::printf("\nWith %d thread%s these bandwidths let a kernel reach at most this fraction of the copy bandwidth:\n",
-                counts[last], counts[last] == 1 ? "" : "s");
+    std::printf(
+        "\nWith %d thread%s these bandwidths let a kernel reach at most this fraction of the copy "
+        "bandwidth:\n",
+        counts[last], counts[last] == 1 ? "" : "s");
     for (int k : {2, 8}) {
-      std::printf("  top_k %d: forward (reads 1 byte per %d written) %5.1f%%, backward (reads %d per 1 written) %5.1f%%\n",
-                  k, k, 100.0 * ceiling_of_copy(1.0, double(k), copy_bw, read_bw, write_bw), k,
-                  100.0 * ceiling_of_copy(double(k), 1.0, copy_bw, read_bw, write_bw));
+      std::printf(
+          "  top_k %d: forward (reads 1 byte per %d written) %5.1f%%, backward (reads %d per 1 "
+          "written) %5.1f%%\n",
+          k, k, 100.0 * ceiling_of_copy(1.0, double(k), copy_bw, read_bw, write_bw), k,
+          100.0 * ceiling_of_copy(double(k), 1.0, copy_bw, read_bw, write_bw));
     }
     return kExitOk;
   }

@@ -75,18 +75,10 @@ std::string first_difference(DType dtype, const uint8_t* got, const uint8_t* exp
   auto value = [&](const uint8_t* data) -> std::string {
     std::ostringstream text;
     switch (dtype) {
-      case DType::int8:
-        text << int(reinterpret_cast<const int8_t*>(data)[first]);
-        break;
-      case DType::int32:
-        text << reinterpret_cast<const int32_t*>(data)[first];
-        break;
-      case DType::int64:
-        text << reinterpret_cast<const int64_t*>(data)[first];
-        break;
-      default:
-        text << load_as_float(data, dtype, first);
-        break;
+      case DType::int8: text << int(reinterpret_cast<const int8_t*>(data)[first]); break;
+      case DType::int32: text << reinterpret_cast<const int32_t*>(data)[first]; break;
+      case DType::int64: text << reinterpret_cast<const int64_t*>(data)[first]; break;
+      default: text << load_as_float(data, dtype, first); break;
     }
     return text.str();
   };

@@ -132,8 +132,9 @@ is written atomically: on any error nothing is written.)",
 #else
     static_cast<void>(grad), static_cast<void>(index), static_cast<void>(attrs),
         static_cast<void>(config), static_cast<void>(grad_x);
-    return not_supported("moe-routing: golden grad: --device cuda needs a build with CUDA (cmake "
-                         "-DMOE_ROUTING_CUDA=ON), got a build without it");
+    return not_supported(
+        "moe-routing: golden grad: --device cuda needs a build with CUDA (cmake "
+        "-DMOE_ROUTING_CUDA=ON), got a build without it");
 #endif
   }
 

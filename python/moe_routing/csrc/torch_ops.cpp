@@ -47,9 +47,10 @@ DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
     case at::kInt: return DType::int32;
     case at::kLong: return DType::int64;
     default:
-      TORCH_CHECK_VALUE(false, op, ": ", name,
-                        " must have a dtype among float32, float16, bfloat16, int8, int32, int64, got ",
-                        t.scalar_type());
+      TORCH_CHECK_VALUE(
+          false, op, ": ", name,
+          " must have a dtype among float32, float16, bfloat16, int8, int32, int64, got ",
+          t.scalar_type());
   }
 }
 
@@ -127,20 +128,22 @@ bool uses_torch_pool() { return kUseTorchPool; }
 /// torch_parallel_for with as many pieces as PyTorch's thread count (a check of the build: with
 /// PyTorch's OpenMP backend and no OpenMP in this file it is always 1).
 int64_t parallel_loop_threads(int64_t num_tasks) {
-  TORCH_CHECK_VALUE(num_tasks >= 1, "_parallel_loop_threads: num_tasks must be >= 1, got ", num_tasks);
+  TORCH_CHECK_VALUE(num_tasks >= 1, "_parallel_loop_threads: num_tasks must be >= 1, got ",
+                    num_tasks);
   std::mutex mutex;
   std::set<std::thread::id> threads;
   struct Context {
     std::mutex* mutex;
     std::set<std::thread::id>* threads;
   } context{&mutex, &threads};
-  torch_parallel_for(num_tasks, at::get_num_threads(),
-                     [](void* raw, int64_t, int64_t) {
-                       auto* c = static_cast<Context*>(raw);
-                       std::lock_guard<std::mutex> lock(*c->mutex);
-                       c->threads->insert(std::this_thread::get_id());
-                     },
-                     &context);
+  torch_parallel_for(
+      num_tasks, at::get_num_threads(),
+      [](void* raw, int64_t, int64_t) {
+        auto* c = static_cast<Context*>(raw);
+        std::lock_guard<std::mutex> lock(*c->mutex);
+        c->threads->insert(std::this_thread::get_id());
+      },
+      &context);
   return int64_t(threads.size());
 }
 
@@ -156,9 +159,10 @@ void check_out(const char* op, const char* name, const at::Tensor& t, at::IntArr
                DType dtype) {
   TORCH_CHECK_VALUE(t.sizes() == shape && t.scalar_type() == torch_dtype(dtype) &&
                         t.is_contiguous() && t.device().is_cpu(),
-                    op, ": out ", name, " must be a contiguous CPU ", moe_routing::dtype_name(dtype),
-                    " tensor of shape ", shape, ", got ", t.scalar_type(), " ", t.sizes(),
-                    t.is_contiguous() ? "" : " (non-contiguous)", " on ", t.device());
+                    op, ": out ", name, " must be a contiguous CPU ",
+                    moe_routing::dtype_name(dtype), " tensor of shape ", shape, ", got ",
+                    t.scalar_type(), " ", t.sizes(), t.is_contiguous() ? "" : " (non-contiguous)",
+                    " on ", t.device());
 }
 
 /// The backward into `out` (allocated here when null).
@@ -188,9 +192,8 @@ at::Tensor moe_init_routing_grad_into(const at::Tensor& grad_expanded_x,
   } else {
     grad_x = at::empty(shape, grad.options());
   }
-  raise_if_error(moe_routing::moe_init_routing_grad(grad_view, idx_view, attrs,
-                                                    view_of(op, "grad_x", grad_x),
-                                                    torch_exec_config()));
+  raise_if_error(moe_routing::moe_init_routing_grad(
+      grad_view, idx_view, attrs, view_of(op, "grad_x", grad_x), torch_exec_config()));
   return grad_x;
 }
 

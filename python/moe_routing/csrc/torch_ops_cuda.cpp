@@ -41,9 +41,10 @@ DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
     case at::kInt: return DType::int32;
     case at::kLong: return DType::int64;
     default:
-      TORCH_CHECK_VALUE(false, op, ": ", name,
-                        " must have a dtype among float32, float16, bfloat16, int8, int32, int64, got ",
-                        t.scalar_type());
+      TORCH_CHECK_VALUE(
+          false, op, ": ", name,
+          " must have a dtype among float32, float16, bfloat16, int8, int32, int64, got ",
+          t.scalar_type());
   }
 }
 
@@ -60,11 +61,14 @@ at::ScalarType torch_dtype(DType dtype) {
 }
 
 /// A view of a contiguous tensor on `device` (the device of the operator's first input).
-TensorView cuda_view(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
+TensorView cuda_view(const char* op, const char* name, const at::Tensor& t,
+                     const at::Device& device) {
   TORCH_CHECK_VALUE(t.dim() <= moe_routing::kMaxDims, op, ": ", name, " must have at most ",
                     moe_routing::kMaxDims, " dimensions, got ", t.dim());
-  TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, " must be on ", device, " (the device of the "
-                    "operator's first input), got ", t.device());
+  TORCH_CHECK_VALUE(t.device() == device, op, ": ", name, " must be on ", device,
+                    " (the device of the "
+                    "operator's first input), got ",
+                    t.device());
   TensorView v;
   v.data = t.data_ptr();
   v.dtype = core_dtype(op, name, t);
@@ -74,7 +78,8 @@ TensorView cuda_view(const char* op, const char* name, const at::Tensor& t, cons
   return v;
 }
 
-TensorView optional_cuda_view(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
+TensorView optional_cuda_view(const char* op, const char* name, const at::Tensor& t,
+                              const at::Device& device) {
   return t.defined() ? cuda_view(op, name, t, device) : TensorView();
 }
 
@@ -90,8 +95,9 @@ moe_routing::ExecConfig cuda_exec_config() {
   return config;
 }
 
-at::Tensor moe_init_routing_grad_cuda(const at::Tensor& grad_expanded_x, const at::Tensor& expanded_row_idx,
-                                      int64_t top_k, int64_t drop_pad_mode, int64_t active_num,
+at::Tensor moe_init_routing_grad_cuda(const at::Tensor& grad_expanded_x,
+                                      const at::Tensor& expanded_row_idx, int64_t top_k,
+                                      int64_t drop_pad_mode, int64_t active_num,
                                       c10::string_view order) {
   constexpr const char* op = "moe_init_routing_grad";
   const c10::cuda::CUDAGuard guard(grad_expanded_x.device());
@@ -110,9 +116,8 @@ at::Tensor moe_init_routing_grad_cuda(const at::Tensor& grad_expanded_x, const a
   moe_routing::MoeInitRoutingGradPlan plan;
   raise_if_error(moe_routing::infer_moe_init_routing_grad(grad_view, idx_view, attrs, &plan));
   at::Tensor grad_x = at::empty({plan.grad_x_shape[0], plan.grad_x_shape[1]}, grad.options());
-  raise_if_error(moe_routing::moe_init_routing_grad(grad_view, idx_view, attrs,
-                                                    cuda_view(op, "grad_x", grad_x, device),
-                                                    cuda_exec_config()));
+  raise_if_error(moe_routing::moe_init_routing_grad(
+      grad_view, idx_view, attrs, cuda_view(op, "grad_x", grad_x, device), cuda_exec_config()));
   return grad_x;
 }
 
@@ -175,7 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_
   }
   const std::string numerics_text(numerics);
   TORCH_CHECK_VALUE(moe_routing::parse_quant_flavour(numerics_text.c_str(), &attrs.flavour), op,
-                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", numerics_text, "\"");
+                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", numerics_text,
+                    "\"");
   const at::Device device = x.device();
   const at::Tensor x_c = x.contiguous();
   const at::Tensor idx_c = expert_idx.contiguous();

@@ -30,10 +30,9 @@ Status check_output(const char* op, const char* name, const TensorView& t, const
   bool same = t.ndim == spec.ndim && t.dtype == spec.dtype;
   for (int d = 0; same && d < spec.ndim; ++d) same = t.shape[d] == spec.shape[d];
   if (!same)
-    return invalid_argument(op, name, " must be ", spec.ndim, "-D ", dtype_name(spec.dtype), ' ',
-                            shape_string(spec),
-                            spec.produced ? "" : " or have null data (it is not produced here)",
-                            ", got ", describe(t));
+    return invalid_argument(
+        op, name, " must be ", spec.ndim, "-D ", dtype_name(spec.dtype), ' ', shape_string(spec),
+        spec.produced ? "" : " or have null data (it is not produced here)", ", got ", describe(t));
   if (t.device != device)
     return invalid_argument(op, name, " must be on the device of x (", device_name(device),
                             "), got ", device_name(t.device));
@@ -52,8 +51,10 @@ Status check_backend(const char* op, const TensorView& x, const ExecConfig& conf
 #if defined(MOE_ROUTING_HAVE_CUDA)
   if (x.device == Device::cuda) {
     if (config.backend != Backend::automatic)
-      return not_supported(op, "backend must be automatic for cuda tensors (reference and cpu run "
-                           "on host memory), got ", config.backend == Backend::cpu ? "cpu" : "reference");
+      return not_supported(op,
+                           "backend must be automatic for cuda tensors (reference and cpu run "
+                           "on host memory), got ",
+                           config.backend == Backend::cpu ? "cpu" : "reference");
     return Status::ok();
   }
 #endif
@@ -136,8 +137,7 @@ RoutingProblem problem_from_plan(const MoeInitRoutingPlan& plan) {
 /// names the function that reports the size.
 Status check_workspace(const char* op, const char* size_function, const RoutingProblem& problem,
                        const ExecConfig& config, Device device) {
-  if (config.workspace == nullptr || device != Device::cpu ||
-      config.backend == Backend::reference)
+  if (config.workspace == nullptr || device != Device::cpu || config.backend == Backend::reference)
     return Status::ok();
   const uint64_t needed = cpu::workspace_bytes(problem, cpu_threads(problem, config.num_threads));
   if (config.workspace_bytes < needed)
@@ -151,10 +151,11 @@ Status check_workspace(const char* op, const char* size_function, const RoutingP
 /// Runs the problem on the configured backend. Backends allocate everything before writing, so
 /// an allocation failure leaves every output untouched. On a CUDA device, `reject_unrouted` (the
 /// V2 API) has the kernels check the expert ids the CPU path checked before building the problem.
-Status run(const char* op, const RoutingProblem& problem, const ExecConfig& config,
-           Device device, bool reject_unrouted) {
+Status run(const char* op, const RoutingProblem& problem, const ExecConfig& config, Device device,
+           bool reject_unrouted) {
 #if defined(MOE_ROUTING_HAVE_CUDA)
-  if (device == Device::cuda) return cuda::moe_init_routing(op, problem, reject_unrouted, config.stream);
+  if (device == Device::cuda)
+    return cuda::moe_init_routing(op, problem, reject_unrouted, config.stream);
 #endif
   static_cast<void>(device), static_cast<void>(reject_unrouted);
   try {
@@ -165,8 +166,10 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
                             config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa,
                             config.workspace);
   } catch (const std::bad_alloc&) {
-    return runtime_error(op, "memory for the sort must be allocatable (about 12 bytes per pair), "
-                         "got an allocation failure for ", problem.pairs(), " pairs");
+    return runtime_error(op,
+                         "memory for the sort must be allocatable (about 12 bytes per pair), "
+                         "got an allocation failure for ",
+                         problem.pairs(), " pairs");
   }
   return Status::ok();
 }
@@ -176,7 +179,8 @@ Status zero_if_not_produced(const char* op, const TensorView& t, const OutputSpe
                             const ExecConfig& config) {
   if (spec.produced || t.data == nullptr) return Status::ok();
 #if defined(MOE_ROUTING_HAVE_CUDA)
-  if (t.device == Device::cuda) return cuda::zero_device_memory(op, t.data, t.nbytes(), config.stream);
+  if (t.device == Device::cuda)
+    return cuda::zero_device_memory(op, t.data, t.nbytes(), config.stream);
 #endif
   static_cast<void>(op), static_cast<void>(config);
   std::memset(t.data, 0, t.nbytes());
@@ -230,13 +234,13 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
     problem.counts = expert_tokens_count_or_cumsum.data;
   else if (plan.expert_tokens_before_capacity.produced)
     problem.counts = expert_tokens_before_capacity.data;
-  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, "moe_init_routing_v2_workspace_size", problem,
-                                              config, x.device));
+  MOE_ROUTING_RETURN_IF_ERROR(
+      check_workspace(op, "moe_init_routing_v2_workspace_size", problem, config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, true));
-  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
-      op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
-  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
-      op, expert_tokens_before_capacity, plan.expert_tokens_before_capacity, config));
+  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(op, expert_tokens_count_or_cumsum,
+                                                   plan.expert_tokens_count_or_cumsum, config));
+  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(op, expert_tokens_before_capacity,
+                                                   plan.expert_tokens_before_capacity, config));
   return Status::ok();
 }
 
@@ -281,11 +285,11 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
   if (plan.expanded_topk_weight.produced)
     problem.expanded_topk_weight = expanded_topk_weight.data_as<float>();
   if (plan.expert_tokens_num_flag) problem.counts = expert_tokens_count_or_cumsum.data;
-  MOE_ROUTING_RETURN_IF_ERROR(check_workspace(op, "moe_init_routing_workspace_size", problem,
-                                              config, x.device));
+  MOE_ROUTING_RETURN_IF_ERROR(
+      check_workspace(op, "moe_init_routing_workspace_size", problem, config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, false));
-  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(
-      op, expert_tokens_count_or_cumsum, plan.expert_tokens_count_or_cumsum, config));
+  MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(op, expert_tokens_count_or_cumsum,
+                                                   plan.expert_tokens_count_or_cumsum, config));
   MOE_ROUTING_RETURN_IF_ERROR(
       zero_if_not_produced(op, expanded_scale, plan.expanded_scale, config));
   MOE_ROUTING_RETURN_IF_ERROR(

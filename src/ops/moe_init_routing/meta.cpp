@@ -55,8 +55,10 @@ Status check_x_and_expert_idx(const char* op, const TensorView& x, const TensorV
                             "), got ", device_name(expert_idx.device));
   const int64_t pairs = checked_mul(expert_idx.shape[0], expert_idx.shape[1]);
   if (pairs < 0 || pairs > kInt32Max)
-    return invalid_argument(op, "expert_idx must have at most 2147483647 elements (N*K, int32 "
-                            "indices), got ", shape_string(expert_idx));
+    return invalid_argument(op,
+                            "expert_idx must have at most 2147483647 elements (N*K, int32 "
+                            "indices), got ",
+                            shape_string(expert_idx));
   if (x.numel() == kInt64Max)
     return invalid_argument(op, "x has too many elements, got ", shape_string(x));
   return Status::ok();
@@ -145,8 +147,10 @@ Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_i
                             attrs.expert_num);
   const int64_t flag = attrs.expert_tokens_count_or_cumsum_flag;
   if (flag < 0 || flag > 2)
-    return invalid_argument(op, "expert_tokens_count_or_cumsum_flag must be 0 (none), 1 (cumsum) "
-                            "or 2 (count), got ", flag);
+    return invalid_argument(op,
+                            "expert_tokens_count_or_cumsum_flag must be 0 (none), 1 (cumsum) "
+                            "or 2 (count), got ",
+                            flag);
   const bool drop_pad = attrs.drop_pad_mode == 1;
   if (drop_pad && attrs.expert_capacity < 1)
     return invalid_argument(op, "expert_capacity must be >= 1 when drop_pad_mode=1, got ",
@@ -155,8 +159,10 @@ Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_i
     return invalid_argument(op, "expert_num must be >= 1 when drop_pad_mode=1, got ",
                             attrs.expert_num);
   if (flag > 0 && attrs.expert_num < 1)
-    return invalid_argument(op, "expert_num must be >= 1 when expert_tokens_count_or_cumsum_flag "
-                            "is 1 or 2, got ", attrs.expert_num);
+    return invalid_argument(op,
+                            "expert_num must be >= 1 when expert_tokens_count_or_cumsum_flag "
+                            "is 1 or 2, got ",
+                            attrs.expert_num);
 
   MOE_ROUTING_RETURN_IF_ERROR(check_x_and_expert_idx(op, x, expert_idx));
   if (!is_floating(x.dtype))
@@ -197,9 +203,8 @@ Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_i
   result.expanded_row_idx = make_spec(true, DType::int32, {pairs});
   result.expert_tokens_count_or_cumsum =
       make_spec(result.count_flag > 0, DType::int32, {attrs.expert_num});
-  result.expert_tokens_before_capacity =
-      make_spec(drop_pad && attrs.expert_tokens_before_capacity_flag, DType::int32,
-                {attrs.expert_num});
+  result.expert_tokens_before_capacity = make_spec(
+      drop_pad && attrs.expert_tokens_before_capacity_flag, DType::int32, {attrs.expert_num});
   *plan = result;
   return Status::ok();
 }
@@ -231,12 +236,16 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   const char* op = kOp;
   const int64_t q = attrs.quant_mode;
   if (!quant_mode_exists_in_cann(q))
-    return invalid_argument(op, "quant_mode must be -1 (none), 0 (static int8), 1 (dynamic int8) "
-                            "or one of CANN's modes 2-9, 11-17 (not supported here), got ", q);
+    return invalid_argument(op,
+                            "quant_mode must be -1 (none), 0 (static int8), 1 (dynamic int8) "
+                            "or one of CANN's modes 2-9, 11-17 (not supported here), got ",
+                            q);
   if (q > 1)
-    return not_supported(op, "quant_mode must be one of the supported modes -1 (none), 0 (static "
+    return not_supported(op,
+                         "quant_mode must be one of the supported modes -1 (none), 0 (static "
                          "int8) or 1 (dynamic int8); CANN's MX/FP8/HiF8/INT4 modes are not "
-                         "implemented, got ", q);
+                         "implemented, got ",
+                         q);
   if (attrs.drop_pad_mode != 0 && attrs.drop_pad_mode != 1)
     return invalid_argument(op, "drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got ",
                             attrs.drop_pad_mode);
@@ -250,13 +259,17 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
     s = attrs.active_expert_range.start;
     e_end = attrs.active_expert_range.end;
     if (!(s >= 0 && s < e_end && e_end <= E))
-      return invalid_argument(op, "active_expert_range must be [start, end) with 0 <= start < end "
-                              "<= expert_num (", E, "), got [", s, ", ", e_end, "]");
+      return invalid_argument(op,
+                              "active_expert_range must be [start, end) with 0 <= start < end "
+                              "<= expert_num (",
+                              E, "), got [", s, ", ", e_end, "]");
   }
   const int64_t type = attrs.expert_tokens_num_type;
   if (type < 0 || type > 2)
-    return invalid_argument(op, "expert_tokens_num_type must be 0 (cumsum), 1 (count) or 2 "
-                            "(key_value), got ", type);
+    return invalid_argument(op,
+                            "expert_tokens_num_type must be 0 (cumsum), 1 (count) or 2 "
+                            "(key_value), got ",
+                            type);
   if (attrs.row_idx_type != 0 && attrs.row_idx_type != 1)
     return invalid_argument(op, "row_idx_type must be 0 (gather) or 1 (scatter), got ",
                             attrs.row_idx_type);
@@ -274,8 +287,7 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
     if (attrs.row_idx_type != 0)
       return invalid_argument(op, "row_idx_type must be 0 when drop_pad_mode=1, got ",
                               attrs.row_idx_type);
-    if (q != -1)
-      return invalid_argument(op, "quant_mode must be -1 when drop_pad_mode=1, got ", q);
+    if (q != -1) return invalid_argument(op, "quant_mode must be -1 when drop_pad_mode=1, got ", q);
     if (s != 0 || e_end != E)
       return invalid_argument(op, "active_expert_range must be the full [0, expert_num) = [0, ", E,
                               ") when drop_pad_mode=1, got [", s, ", ", e_end, "]");
@@ -284,8 +296,10 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   MOE_ROUTING_RETURN_IF_ERROR(check_x_and_expert_idx(op, x, expert_idx));
   const bool quantised = q == 0 || q == 1;
   if (quantised && !is_floating(x.dtype))
-    return invalid_argument(op, "x must be float16, bfloat16 or float32 when quant_mode is 0 or 1, "
-                            "got ", dtype_name(x.dtype));
+    return invalid_argument(op,
+                            "x must be float16, bfloat16 or float32 when quant_mode is 0 or 1, "
+                            "got ",
+                            dtype_name(x.dtype));
   if (!quantised && !is_floating(x.dtype) && x.dtype != DType::int8)
     return invalid_argument(op, "x must be float16, bfloat16, float32 or int8, got ",
                             dtype_name(x.dtype));
@@ -330,15 +344,17 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   }
   const bool has_offset = !is_absent(offset);
   if (has_offset && q != 0)
-    return invalid_argument(op, "offset must be none unless quant_mode=0 (it is only used by "
-                            "static quantisation), got ", describe(offset), " with quant_mode=", q);
+    return invalid_argument(op,
+                            "offset must be none unless quant_mode=0 (it is only used by "
+                            "static quantisation), got ",
+                            describe(offset), " with quant_mode=", q);
   if (has_offset && !has_shape(offset, DType::float32, {1}))
     return invalid_argument(op, "offset must be 1-D float32 [1] when quant_mode=0, got ",
                             describe(offset));
   const bool has_topk_weight = !is_absent(topk_weight);
   if (has_topk_weight && !has_shape(topk_weight, DType::float32, {N, K}))
-    return invalid_argument(op, "topk_weight must be 2-D float32 [N, K] = [", N, ", ", K,
-                            "], got ", describe_optional(topk_weight));
+    return invalid_argument(op, "topk_weight must be 2-D float32 [N, K] = [", N, ", ", K, "], got ",
+                            describe_optional(topk_weight));
 
   MoeInitRoutingPlan result;
   result.x_dtype = x.dtype;

@@ -42,8 +42,8 @@ void write_row(const RoutingProblem& pr, int64_t dest, int64_t p,
   } else if (pr.quant_mode == 0) {
     int8_t* out = static_cast<int8_t*>(pr.expanded_x) + dest * H;
     for (int64_t j = 0; j < H; ++j)
-      out[j] = quantize::static_quantize(load_as_float(pr.x, pr.x_dtype, token * H + j),
-                                         static_params);
+      out[j] =
+          quantize::static_quantize(load_as_float(pr.x, pr.x_dtype, token * H + j), static_params);
   } else {
     // Dynamic: f = x (* smooth scale row of the pair's expert), sc from max |f|, q = f / sc.
     for (int64_t j = 0; j < H; ++j) f[j] = load_as_float(pr.x, pr.x_dtype, token * H + j);

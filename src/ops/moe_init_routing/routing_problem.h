@@ -46,12 +46,12 @@ struct RoutingProblem {
   const float* topk_weight = nullptr;   // [N*K] or null
 
   // Outputs; a null pointer means "not written".
-  void* expanded_x = nullptr;            // [expanded_rows, H] x_dtype (q -1) or int8
-  int32_t* expanded_row_idx = nullptr;   // [N*K]
-  float* expanded_scale = nullptr;       // [expanded_rows]
-  float* expanded_topk_weight = nullptr; // [expanded_rows]
+  void* expanded_x = nullptr;             // [expanded_rows, H] x_dtype (q -1) or int8
+  int32_t* expanded_row_idx = nullptr;    // [N*K]
+  float* expanded_scale = nullptr;        // [expanded_rows]
+  float* expanded_topk_weight = nullptr;  // [expanded_rows]
   CountFormat count_format = CountFormat::none;
-  DType count_dtype = DType::int64;      // int32 (V2) or int64 (torch API)
+  DType count_dtype = DType::int64;  // int32 (V2) or int64 (torch API)
   void* counts = nullptr;
 
   int64_t pairs() const { return num_rows * top_k; }

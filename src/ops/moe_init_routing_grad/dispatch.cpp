@@ -40,10 +40,13 @@ Status run_cuda(const TensorView& grad_expanded_x, const TensorView& expanded_ro
                 const ExecConfig& config) {
 #if defined(MOE_ROUTING_HAVE_CUDA)
   if (config.backend != Backend::automatic)
-    return not_supported(kOp, "backend must be automatic for cuda tensors (reference and cpu run "
-                         "on host memory), got ", config.backend == Backend::cpu ? "cpu" : "reference");
-  return cuda::moe_init_routing_grad(grad_expanded_x.data, expanded_row_idx.data_as<const int32_t>(),
-                                     grad_x.data, plan, config.stream);
+    return not_supported(kOp,
+                         "backend must be automatic for cuda tensors (reference and cpu run "
+                         "on host memory), got ",
+                         config.backend == Backend::cpu ? "cpu" : "reference");
+  return cuda::moe_init_routing_grad(grad_expanded_x.data,
+                                     expanded_row_idx.data_as<const int32_t>(), grad_x.data, plan,
+                                     config.stream);
 #else
   static_cast<void>(expanded_row_idx), static_cast<void>(grad_x), static_cast<void>(plan),
       static_cast<void>(config);
@@ -82,8 +85,10 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
   }
   cpu::GradKernelArgs args{grad_expanded_x.data, indices, grad_x.data, plan, 0, 0, false};
   args.stream_output = int64_t(grad_x.nbytes()) >= detail::streaming_store_threshold();
-  const int64_t bytes = plan.num_rows * plan.top_k * (plan.hidden * int64_t(dtype_size(plan.dtype)) + 4);
-  const int threads = detail::threads_for_bytes(detail::resolve_num_threads(config.num_threads), bytes);
+  const int64_t bytes =
+      plan.num_rows * plan.top_k * (plan.hidden * int64_t(dtype_size(plan.dtype)) + 4);
+  const int threads =
+      detail::threads_for_bytes(detail::resolve_num_threads(config.num_threads), bytes);
   args.tile_width = cpu::grad_unit_width(plan, threads);
   args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
   const CpuIsa isa = config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa;

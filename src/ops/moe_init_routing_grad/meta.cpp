@@ -86,8 +86,8 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
 
   const int64_t pairs = expanded_row_idx.shape[0];
   if (pairs > std::numeric_limits<int32_t>::max())
-    return invalid_argument(kOp, "len(expanded_row_idx) must be at most 2147483647 (int32 indices), got ",
-                            pairs);
+    return invalid_argument(
+        kOp, "len(expanded_row_idx) must be at most 2147483647 (int32 indices), got ", pairs);
   if (pairs % attrs.top_k != 0)
     return invalid_argument(kOp, "len(expanded_row_idx) must be divisible by top_k (", attrs.top_k,
                             "), got ", pairs);
@@ -112,9 +112,8 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
     if (attrs.active_num == 0) {
       result.scenario = GradScenario::dropless;
       if (result.source_rows != pairs)
-        return invalid_argument(kOp,
-                                "grad_expanded_x.size(0) must equal len(expanded_row_idx) (", pairs,
-                                ") in the dropless scenario (active_num=0), got ",
+        return invalid_argument(kOp, "grad_expanded_x.size(0) must equal len(expanded_row_idx) (",
+                                pairs, ") in the dropless scenario (active_num=0), got ",
                                 result.source_rows);
     } else {
       result.scenario = GradScenario::active;
