@@ -113,16 +113,25 @@ def extension_checks(out, path, copy_gbps):
                                        b.cpu().view(torch.uint8) if b.is_floating_point() else b.cpu())
                            for a, b in zip(cpu_out, gpu_out))
                 g = torch.randn(cpu_out[0].shape, dtype=dtype, generator=generator)
-                cpu_grad = ops.moe_init_routing_grad(g, cpu_out[1], k, drop_pad, 0, order)
-                gpu_grad = ops.moe_init_routing_grad(g.cuda(), gpu_out[1], k, drop_pad, 0, order)
+                cpu_grad = ops.moe_init_routing_grad(g, cpu_out[1], k, drop_pad, 0, order=order)
+                gpu_grad = ops.moe_init_routing_grad(g.cuda(), gpu_out[1], k, drop_pad, 0, order=order)
                 same = same and torch.equal(cpu_grad.view(torch.uint8), gpu_grad.cpu().view(torch.uint8))
+                # The out= overloads on CUDA tensors write the same bits.
+                names = ("expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
+                         "expanded_topk_weight")
+                outs = {name: torch.full_like(t, 7) for name, t in zip(names, gpu_out)}
+                ops.moe_init_routing.out(x.cuda(), ids.cuda(), **kwargs, **outs)
+                grad_out = torch.full_like(gpu_grad, 7)
+                ops.moe_init_routing_grad.out(g.cuda(), gpu_out[1], k, drop_pad, 0, order=order, out=grad_out)
+                same = same and all(torch.equal(a, b) for a, b in zip(gpu_out, outs.values()))
+                same = same and torch.equal(grad_out.view(torch.uint8), gpu_grad.view(torch.uint8))
                 tag = f"torch operators {DTYPE_NAMES[dtype]} drop_pad {drop_pad} {order}"
-                print(("PASS " if same else "FAIL ") + tag + " (CUDA tensors vs CPU tensors, bit for bit)")
+                print(("PASS " if same else "FAIL ") + tag + " (CUDA tensors vs CPU tensors and out=, bit for bit)")
                 failures += not same
     # Errors keep their category: a bad index is an IndexError with the core's message.
     try:
         ops.moe_init_routing_grad(torch.ones(6, 2, device="cuda"),
-                                  torch.tensor([0, 1, 2, 3, 4, 99], dtype=torch.int32, device="cuda"), 2, 0, 0, "tree")
+                                  torch.tensor([0, 1, 2, 3, 4, 99], dtype=torch.int32, device="cuda"), 2, 0, 0)
         print("FAIL a bad index on CUDA raised nothing")
         failures += 1
     except IndexError as error:
@@ -142,7 +151,7 @@ def extension_checks(out, path, copy_gbps):
              copy_gbps)
         row_idx = fwd()[1]
         g = torch.randn(p, h, device="cuda", dtype=dtype, generator=generator)
-        bwd = lambda: ops.moe_init_routing_grad(g, row_idx, k, 0, 0, "tree")
+        bwd = lambda: ops.moe_init_routing_grad(g, row_idx, k, 0, 0)
         emit(out, "moe_init_routing_grad", "ours-torch-op", case, dtype, median_ms(bwd), p * h * 2 + p * 4 + n * h * 2,
              copy_gbps)
     return failures

@@ -13,13 +13,17 @@ import torch
 _grad = torch.ops.moe_routing.moe_init_routing_grad
 
 
+# The backward runs in the numerics of its forward (the keyword-only `numerics`): Atlas A2/A3's
+# tree order for "atlas_a2", Ascend 950's sequential order for "ascend_950".
+
 # ---- moe_init_routing_v2 -------------------------------------------------------------------
 
-def _v2_setup_context(ctx, inputs, output):
+def _v2_setup_context(ctx, inputs, keyword_only_inputs, output):
     x, expert_idx, active_num, expert_capacity, expert_num, drop_pad_mode = inputs[:6]
     ctx.top_k = expert_idx.shape[1]
     ctx.drop_pad_mode = drop_pad_mode
     ctx.active_num = active_num
+    ctx.numerics = keyword_only_inputs["numerics"]
     ctx.save_for_backward(output[1])
 
 
@@ -27,10 +31,9 @@ def _v2_backward(ctx, grad_expanded_x, *_unused):
     (expanded_row_idx,) = ctx.saved_tensors
     grad_x = None
     if ctx.needs_input_grad[0] and grad_expanded_x is not None:
-        if ctx.drop_pad_mode == 1:
-            grad_x = _grad(grad_expanded_x.contiguous(), expanded_row_idx, ctx.top_k, 1, 0)
-        else:
-            grad_x = _grad(grad_expanded_x.contiguous(), expanded_row_idx, ctx.top_k, 0, ctx.active_num)
+        active_num = 0 if ctx.drop_pad_mode == 1 else ctx.active_num
+        grad_x = _grad(grad_expanded_x.contiguous(), expanded_row_idx, ctx.top_k, ctx.drop_pad_mode,
+                       active_num, numerics=ctx.numerics)
     return (grad_x,) + (None,) * 7
 
 
@@ -40,29 +43,19 @@ torch.library.register_autograd("moe_routing::moe_init_routing_v2", _v2_backward
 
 # ---- moe_init_routing (torch API / V4) -----------------------------------------------------
 
-_V4_ARGS = ("x", "expert_idx", "scale", "offset", "topk_weight", "active_num", "expert_capacity",
-            "expert_num", "drop_pad_mode", "expert_tokens_num_type", "expert_tokens_num_flag",
-            "quant_mode", "active_expert_range", "row_idx_type", "numerics")
-_V4_DEFAULTS = dict(scale=None, offset=None, topk_weight=None, active_num=-1, expert_capacity=-1,
-                    expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
-                    expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=None,
-                    row_idx_type=0, numerics="atlas_a2")
-
-
-def _v4_setup_context(ctx, inputs, output):
-    kw = dict(_V4_DEFAULTS)
-    kw.update(zip(_V4_ARGS, inputs))
-    expert_idx = kw["expert_idx"]
+def _v4_setup_context(ctx, inputs, keyword_only_inputs, output):
+    (x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity, expert_num, drop_pad_mode,
+     expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type,
+     x_dtype) = inputs
     ctx.top_k = expert_idx.shape[1]
-    ctx.quant_mode = kw["quant_mode"]
-    ctx.drop_pad_mode = kw["drop_pad_mode"]
-    ctx.active_num = kw["active_num"]
-    ctx.row_idx_type = kw["row_idx_type"]
-    expert_num = kw["expert_num"]
-    expert_range = kw["active_expert_range"]
-    ctx.expert_range = (0, expert_num) if expert_range is None else tuple(expert_range)
-    ctx.expert_capacity = kw["expert_capacity"]
+    ctx.quant_mode = quant_mode
+    ctx.drop_pad_mode = drop_pad_mode
+    ctx.active_num = active_num
+    ctx.row_idx_type = row_idx_type
+    ctx.expert_range = (0, expert_num) if active_expert_range is None else tuple(active_expert_range)
+    ctx.expert_capacity = expert_capacity
     ctx.expert_num = expert_num
+    ctx.numerics = keyword_only_inputs["numerics"]
     ctx.save_for_backward(expert_idx, output[1])
 
 
@@ -102,13 +95,15 @@ def _v4_backward(ctx, grad_expanded_x, _g_row_idx, _g_counts, grad_expanded_scal
         g = g.contiguous().view(-1, 1)
         return g.view(ctx.expert_num, ctx.expert_capacity, 1) if drop_pad else g
 
+    numerics = ctx.numerics
     grad_x = grad_scale = grad_weight = None
     if needs_x and grad_expanded_x is not None:
-        grad_x = _grad(grad_expanded_x.contiguous(), index, k, mode, 0)
+        grad_x = _grad(grad_expanded_x.contiguous(), index, k, mode, 0, numerics=numerics)
     if needs_scale and grad_expanded_scale is not None:
-        grad_scale = _grad(rows_view(grad_expanded_scale), index, k, mode, 0).view(-1)
+        grad_scale = _grad(rows_view(grad_expanded_scale), index, k, mode, 0, numerics=numerics).view(-1)
     if needs_weight and grad_expanded_topk_weight is not None:
-        grad_weight = _grad(rows_view(grad_expanded_topk_weight), index, 1, mode, 0).view(expert_idx.shape)
+        grad_weight = _grad(rows_view(grad_expanded_topk_weight), index, 1, mode, 0,
+                            numerics=numerics).view(expert_idx.shape)
     return (grad_x, None, grad_scale, None, grad_weight) + (None,) * 10
 
 
@@ -118,10 +113,8 @@ torch.library.register_autograd("moe_routing::moe_init_routing", _v4_backward,
 
 # ---- moe_init_routing_grad used as a combine (unpermute) -------------------------------------
 
-def _grad_setup_context(ctx, inputs, output):
-    grad_expanded_x, expanded_row_idx, top_k = inputs[:3]
-    drop_pad_mode = inputs[3] if len(inputs) > 3 else 0
-    active_num = inputs[4] if len(inputs) > 4 else 0
+def _grad_setup_context(ctx, inputs, keyword_only_inputs, output):
+    grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num = inputs
     ctx.top_k = top_k
     ctx.source_shape = grad_expanded_x.shape
     ctx.skip_from = active_num if (drop_pad_mode == 0 and active_num > 0) else None
@@ -134,7 +127,7 @@ def _grad_backward(ctx, grad_output):
     in index order, so the result is deterministic."""
     (expanded_row_idx,) = ctx.saved_tensors
     if grad_output is None or not ctx.needs_input_grad[0]:
-        return (None,) * 6
+        return (None,) * 5
     hidden = ctx.source_shape[-1]
     rows = 1
     for extent in ctx.source_shape[:-1]:
@@ -147,7 +140,7 @@ def _grad_backward(ctx, grad_output):
     per_pair = grad_output.repeat_interleave(ctx.top_k, dim=0)
     buffer = grad_output.new_zeros((rows + 1, hidden))
     buffer.index_add_(0, target, per_pair)
-    return (buffer[:rows].view(ctx.source_shape),) + (None,) * 5
+    return (buffer[:rows].view(ctx.source_shape),) + (None,) * 4
 
 
 torch.library.register_autograd("moe_routing::moe_init_routing_grad", _grad_backward,

@@ -1,18 +1,51 @@
 """Fake (meta) functions: output shapes from input shapes and attributes, without reading data.
 
 They mirror the C++ core's shape inference (src/ops/*/meta.cpp) with symbolic sizes so that
-torch.compile and dynamic shapes work; tests/python/test_fake.py checks them against the real
-kernels' outputs on every scenario.
+torch.compile and dynamic shapes work; tests/python/test_compile.py checks them against the real
+kernels' outputs on every scenario. They also serve meta tensors, and calls whose tensors are on
+different devices land here (the meta device outranks the others in dispatch), so they check the
+devices as the device kernels do.
 """
 from __future__ import annotations
 
 import torch
 
+_NUMERICS = ("atlas_a2", "ascend_950")
+_ORDERS = ("tree", "sequential")
+
+
+def _check_numerics(op, numerics):
+    if numerics not in _NUMERICS:
+        raise ValueError(f'{op}: numerics must be "atlas_a2" or "ascend_950", got "{numerics}"')
+
+
+def _check_devices(op, first, **tensors):
+    """Every tensor on the device of the operator's first input (the device kernels' rule)."""
+    for name, t in tensors.items():
+        if t is not None and t.device != first.device:
+            raise ValueError(f"{op}: {name} must be on {first.device} (the device of the operator's "
+                             f"first input), got {t.device}")
+
+
+def _check_out(op, first, outs, expected):
+    """out= tensors: exactly what the functional operator returns, on its device (contiguous is
+    not a property fake tensors track reliably, so the device kernel checks that)."""
+    _check_devices(op, first, **{f"out {name}": t for name, t in outs.items()})
+    for (name, out), want in zip(outs.items(), expected):
+        if out.shape != want.shape or out.dtype != want.dtype:
+            raise ValueError(f"{op}: out {name} must be a contiguous {str(want.dtype)[6:]} tensor of shape "
+                             f"{list(want.shape)} on {first.device} (the device of the operator's first "
+                             f"input), got {out.dtype} {list(out.shape)} on {out.device}")
+
 
 @torch.library.register_fake("moe_routing::moe_init_routing_grad")
 def _moe_init_routing_grad_fake(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode=0,
-                                active_num=0, order="tree"):
+                                active_num=0, *, numerics="atlas_a2", order=None):
     op = "moe_init_routing_grad"
+    _check_devices(op, grad_expanded_x, expanded_row_idx=expanded_row_idx)
+    _check_numerics(op, numerics)
+    if order is not None and order not in _ORDERS:
+        raise ValueError(f'{op}: order must be "tree" or "sequential", got "{order}"')
     if top_k <= 0:
         raise ValueError(f"{op}: top_k must be > 0, got {top_k}")
     if drop_pad_mode not in (0, 1):
@@ -29,7 +62,9 @@ def _moe_init_routing_grad_fake(grad_expanded_x, expanded_row_idx, top_k, drop_p
     return grad_expanded_x.new_empty((num_rows, hidden))
 
 
-def _check_routing_inputs(op, x, expert_idx):
+def _check_routing_inputs(op, x, expert_idx, numerics, **optional):
+    _check_devices(op, x, expert_idx=expert_idx, **optional)
+    _check_numerics(op, numerics)
     if x.dim() != 2:
         raise ValueError(f"{op}: x must be 2-D [N, H], got {x.dim()}-D")
     if expert_idx.dim() != 2:
@@ -41,9 +76,9 @@ def _check_routing_inputs(op, x, expert_idx):
 @torch.library.register_fake("moe_routing::moe_init_routing_v2")
 def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, expert_num=0,
                               drop_pad_mode=0, expert_tokens_count_or_cumsum_flag=0,
-                              expert_tokens_before_capacity_flag=False):
+                              expert_tokens_before_capacity_flag=False, *, numerics="atlas_a2"):
     op = "moe_init_routing_v2"
-    _check_routing_inputs(op, x, expert_idx)
+    _check_routing_inputs(op, x, expert_idx, numerics)
     if drop_pad_mode not in (0, 1):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got {drop_pad_mode}")
     if active_num < 0:
@@ -65,9 +100,12 @@ def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, ex
 def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=None, active_num=-1,
                            expert_capacity=-1, expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
                            expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=None,
-                           row_idx_type=0, numerics="atlas_a2"):
+                           row_idx_type=0, x_dtype=None, *, numerics="atlas_a2"):
     op = "moe_init_routing"
-    _check_routing_inputs(op, x, expert_idx)
+    _check_routing_inputs(op, x, expert_idx, numerics, scale=scale, offset=offset, topk_weight=topk_weight)
+    if x_dtype is not None:
+        raise NotImplementedError(f"{op}: x_dtype must be None (CANN's float4/hifloat8/int4 data types are "
+                                  f"not supported), got {x_dtype}")
     if quant_mode > 1:
         raise NotImplementedError(f"{op}: quant_mode must be one of the supported modes -1, 0 or 1, got {quant_mode}")
     if expert_num < 1:
@@ -99,7 +137,10 @@ def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=N
 
 @torch.library.register_fake("moe_routing::moe_init_routing_grad.out")
 def _moe_init_routing_grad_out_fake(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode=0,
-                                    active_num=0, order="tree", *, out):
+                                    active_num=0, *, numerics="atlas_a2", order=None, out):
+    expected = _moe_init_routing_grad_fake(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num,
+                                           numerics=numerics, order=order)
+    _check_out("moe_init_routing_grad", grad_expanded_x, {"grad_x": out}, (expected,))
     return None
 
 
@@ -107,6 +148,13 @@ def _moe_init_routing_grad_out_fake(grad_expanded_x, expanded_row_idx, top_k, dr
 def _moe_init_routing_out_fake(x, expert_idx, scale=None, offset=None, topk_weight=None, active_num=-1,
                                expert_capacity=-1, expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
                                expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=None,
-                               row_idx_type=0, numerics="atlas_a2", *, expanded_x, expanded_row_idx,
+                               row_idx_type=0, x_dtype=None, *, numerics="atlas_a2", expanded_x, expanded_row_idx,
                                expert_tokens_count_or_cumsum, expanded_scale, expanded_topk_weight):
+    expected = _moe_init_routing_fake(x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity,
+                                      expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag,
+                                      quant_mode, active_expert_range, row_idx_type, x_dtype, numerics=numerics)
+    outs = dict(expanded_x=expanded_x, expanded_row_idx=expanded_row_idx,
+                expert_tokens_count_or_cumsum=expert_tokens_count_or_cumsum, expanded_scale=expanded_scale,
+                expanded_topk_weight=expanded_topk_weight)
+    _check_out("moe_init_routing", x, outs, expected)
     return None

@@ -22,7 +22,8 @@ def grad_samples():
         eri = torch.randperm(12, generator=gen).to(torch.int32)
         yield (g, eri, 3), {}
         yield (g[:7].contiguous(), eri, 3, 0, 7), {}
-        yield (g.view(3, 4, 6), torch.where(eri < 10, eri, -1).to(torch.int32), 3, 1, 0, "sequential"), {}
+        yield (g.view(3, 4, 6), torch.where(eri < 10, eri, -1).to(torch.int32), 3, 1, 0), {"order": "sequential"}
+        yield (g, eri, 3), {"numerics": "ascend_950"}
 
 
 def v2_samples():
@@ -33,6 +34,7 @@ def v2_samples():
         yield (x, idx, 0, 0, 4, 0, 1, False), {}
         yield (x, idx, 5, 0, 4, 0, 2, False), {}
         yield (x, idx, 0, 3, 4, 1, 0, True), {}
+        yield (x, idx, 0, 0, 4, 0, 1, False), {"numerics": "ascend_950"}
 
 
 def v4_samples():
@@ -53,24 +55,26 @@ def v4_samples():
 
 V4_ORDER = ["scale", "offset", "topk_weight", "active_num", "expert_capacity", "expert_num", "drop_pad_mode",
             "expert_tokens_num_type", "expert_tokens_num_flag", "quant_mode", "active_expert_range",
-            "row_idx_type", "numerics"]
+            "row_idx_type", "x_dtype"]
 V4_DEFAULTS = dict(scale=None, offset=None, topk_weight=None, active_num=-1, expert_capacity=-1, expert_num=-1,
                    drop_pad_mode=0, expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
-                   active_expert_range=None, row_idx_type=0, numerics="atlas_a2")
+                   active_expert_range=None, row_idx_type=0, x_dtype=None)
 
 
 def v4_positional(args, kwargs):
+    """The raw operator's call: every argument of CANN's positionally, ours (numerics) by keyword."""
     full = dict(V4_DEFAULTS, **kwargs)
-    return tuple(args) + tuple(full[name] for name in V4_ORDER)
+    keywords = {name: full[name] for name in full if name not in V4_ORDER}
+    return tuple(args) + tuple(full[name] for name in V4_ORDER), keywords
 
 
 def all_samples():
     for args, kw in grad_samples():
-        yield "moe_init_routing_grad", args
+        yield "moe_init_routing_grad", args, kw
     for args, kw in v2_samples():
-        yield "moe_init_routing_v2", args
+        yield "moe_init_routing_v2", args, kw
     for args, kw in v4_samples():
-        yield "moe_init_routing", v4_positional(args, kw)
+        yield ("moe_init_routing",) + v4_positional(args, kw)
 
 
 def test_opcheck_out_variants():
@@ -82,23 +86,24 @@ def test_opcheck_out_variants():
     outs = moe_routing.moe_init_routing(x, idx, expert_num=4)
     names = ["expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
              "expanded_topk_weight"]
-    torch.library.opcheck(ops.moe_init_routing.out, v4_positional((x, idx), dict(expert_num=4)),
-                          {n: torch.empty_like(t) for n, t in zip(names, outs)})
+    args, kwargs = v4_positional((x, idx), dict(expert_num=4, numerics="ascend_950"))
+    torch.library.opcheck(ops.moe_init_routing.out, args,
+                          dict(kwargs, **{n: torch.empty_like(t) for n, t in zip(names, outs)}))
 
 
-@pytest.mark.parametrize("name, args", list(all_samples()))
-def test_opcheck(name, args):
-    torch.library.opcheck(getattr(ops, name).default, args)
+@pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
+def test_opcheck(name, args, kwargs):
+    torch.library.opcheck(getattr(ops, name).default, args, kwargs)
 
 
-@pytest.mark.parametrize("name, args", list(all_samples()))
-def test_fake_shapes_equal_real_shapes(name, args):
+@pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
+def test_fake_shapes_equal_real_shapes(name, args, kwargs):
     from torch._subclasses.fake_tensor import FakeTensorMode
-    real = getattr(ops, name)(*args)
+    real = getattr(ops, name)(*args, **kwargs)
     real = real if isinstance(real, tuple) else (real,)
     with FakeTensorMode() as mode:
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake = getattr(ops, name)(*fake_args)
+        fake = getattr(ops, name)(*fake_args, **kwargs)
     fake = fake if isinstance(fake, tuple) else (fake,)
     for r, f in zip(real, fake):
         assert tuple(r.shape) == tuple(f.shape) and r.dtype == f.dtype, name

@@ -213,7 +213,7 @@ def test_out_variants_write_into_given_tensors_and_match():
 def test_out_of_the_wrong_shape_is_rejected():
     g = torch.randn(6, 4)
     idx = torch.arange(6, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"out grad_x must be a contiguous CPU float32 tensor of shape \[3, 4\]"):
+    with pytest.raises(ValueError, match=r"out grad_x must be a contiguous float32 tensor of shape \[3, 4\] on cpu"):
         moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 5))
     with pytest.raises(ValueError, match="non-contiguous"):
         moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(4, 3).t())

@@ -1,12 +1,19 @@
-// The PyTorch binding: operator schemas in the namespace `moe_routing` and their CPU kernels.
-// It converts tensors to TensorViews and calls the C++ core; no semantics live here. Shapes for
-// fake tensors come from python/moe_routing/_fake.py, which mirrors the core's shape inference
-// symbolically (tests compare the two).
+// The PyTorch binding: operator schemas in the namespace `moe_routing` and one device-generic
+// implementation of each, registered for CPU and, in the CUDA build of the extension
+// (MOE_ROUTING_TORCH_CUDA, python/CMakeLists.txt), for CUDA. Each implementation converts tensors
+// to TensorViews on the device of the operator's first input and calls the C++ core; no semantics
+// live here. Shapes for fake and meta tensors come from python/moe_routing/_fake.py, which mirrors
+// the core's shape inference symbolically (tests compare the two).
 #include <ATen/ATen.h>
 #include <ATen/Config.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -20,6 +27,7 @@
 namespace {
 
 using moe_routing::DType;
+using moe_routing::Numerics;
 using moe_routing::Status;
 using moe_routing::StatusCode;
 using moe_routing::TensorView;
@@ -54,20 +62,6 @@ DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
   }
 }
 
-/// A view of a contiguous CPU tensor. `t` must outlive the view.
-TensorView view_of(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK_VALUE(t.dim() <= moe_routing::kMaxDims, op, ": ", name, " must have at most ",
-                    moe_routing::kMaxDims, " dimensions, got ", t.dim());
-  TORCH_CHECK_NOT_IMPLEMENTED(t.device().is_cpu(), op, ": ", name,
-                              " must be a CPU tensor in this build, got ", t.device());
-  TensorView v;
-  v.data = t.data_ptr();
-  v.dtype = core_dtype(op, name, t);
-  v.ndim = int(t.dim());
-  for (int d = 0; d < v.ndim; ++d) v.shape[d] = t.size(d);
-  return v;
-}
-
 at::ScalarType torch_dtype(DType dtype) {
   switch (dtype) {
     case DType::float32: return at::kFloat;
@@ -80,17 +74,39 @@ at::ScalarType torch_dtype(DType dtype) {
   TORCH_CHECK(false, "moe_routing: internal error: unknown dtype ", static_cast<int>(dtype));
 }
 
-/// An output tensor of the planned shape and dtype. Outputs a configuration does not produce get
-/// their planned (possibly empty) shape too; the core fills them with zeros.
-at::Tensor allocate(const moe_routing::OutputSpec& spec, const at::Tensor& like) {
-  std::vector<int64_t> shape(spec.shape, spec.shape + spec.ndim);
-  return at::empty(shape, like.options().dtype(torch_dtype(spec.dtype)));
+// ---- numerics ---------------------------------------------------------------------------------
+// The one place where the binding's `numerics` (and the backward's explicit `order`) meet the
+// core's attributes. The core's attrs are moving to carry moe_routing::Numerics themselves; then
+// each set_numerics body becomes `attrs->numerics = numerics`.
+
+Numerics parse_numerics(const char* op, c10::string_view text) {
+  const std::string value(text);
+  Numerics numerics = Numerics::atlas_a2;
+  TORCH_CHECK_VALUE(moe_routing::parse_numerics(value.c_str(), &numerics), op,
+                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", value, "\"");
+  return numerics;
 }
 
-/// A view of an optional input; absent -> the core's "absent" (default-constructed) view.
-TensorView optional_view(const char* op, const char* name, const at::Tensor& t) {
-  return t.defined() ? view_of(op, name, t) : TensorView();
+/// The forward's quantisation arithmetic.
+void set_numerics(Numerics numerics, moe_routing::MoeInitRoutingAttrs* attrs) {
+  attrs->flavour = numerics == Numerics::ascend_950 ? moe_routing::QuantFlavour::ascend_950
+                                                    : moe_routing::QuantFlavour::atlas_a2;
 }
+
+/// The backward's float32 accumulation order: Atlas A2/A3 sum in the tree order, Ascend 950 in
+/// the sequential one; `order` (when given) overrides what numerics implies.
+void set_numerics(Numerics numerics, const std::optional<c10::string_view>& order,
+                  moe_routing::MoeInitRoutingGradAttrs* attrs) {
+  attrs->order = numerics == Numerics::ascend_950 ? moe_routing::AccumulationOrder::sequential
+                                                  : moe_routing::AccumulationOrder::tree;
+  if (!order.has_value()) return;
+  const std::string text(*order);
+  TORCH_CHECK_VALUE(moe_routing::parse_accumulation_order(text.c_str(), &attrs->order),
+                    "moe_init_routing_grad: order must be \"tree\" or \"sequential\", got \"", text,
+                    "\"");
+}
+
+// ---- execution on the operator's device -------------------------------------------------------
 
 /// The CPU kernels' parallel loops on PyTorch's own pool (at::parallel_for): with our pool beside
 /// it, PyTorch's OpenMP workers - which keep spinning for a while after every PyTorch operator -
@@ -147,77 +163,144 @@ int64_t parallel_loop_threads(int64_t num_tasks) {
   return int64_t(threads.size());
 }
 
-moe_routing::ExecConfig torch_exec_config() {
-  moe_routing::ExecConfig config;
-  config.num_threads = at::get_num_threads();  // honours torch.set_num_threads
-  return config;
-}
+/// One operator call on the device of its first input: every tensor must be there. Holds the
+/// device current for the call (a no-op on the CPU) and converts tensors for the core.
+class Call {
+ public:
+  Call(const char* op, const at::Tensor& first)
+      : op_(op), device_(first.device()), guard_(device_) {
+    TORCH_CHECK_NOT_IMPLEMENTED(device_.is_cpu() || device_.is_cuda(), op_,
+                                ": tensors must be on the CPU or a CUDA device, got ", device_);
+  }
 
-/// An out= tensor must be exactly what the operator would allocate: the planned shape and dtype,
-/// contiguous, on the CPU. (Resizing would hide a caller's mistake; we report it instead.)
-void check_out(const char* op, const char* name, const at::Tensor& t, at::IntArrayRef shape,
-               DType dtype) {
-  TORCH_CHECK_VALUE(t.sizes() == shape && t.scalar_type() == torch_dtype(dtype) &&
-                        t.is_contiguous() && t.device().is_cpu(),
-                    op, ": out ", name, " must be a contiguous CPU ",
-                    moe_routing::dtype_name(dtype), " tensor of shape ", shape, ", got ",
-                    t.scalar_type(), " ", t.sizes(), t.is_contiguous() ? "" : " (non-contiguous)",
-                    " on ", t.device());
-}
+  /// A view of a contiguous tensor. `t` must outlive the view.
+  TensorView view(const char* name, const at::Tensor& t) const {
+    check_device(name, t);
+    TORCH_CHECK_VALUE(t.dim() <= moe_routing::kMaxDims, op_, ": ", name, " must have at most ",
+                      moe_routing::kMaxDims, " dimensions, got ", t.dim());
+    TensorView v;
+    v.data = t.data_ptr();
+    v.dtype = core_dtype(op_, name, t);
+    v.ndim = int(t.dim());
+    for (int d = 0; d < v.ndim; ++d) v.shape[d] = t.size(d);
+    v.device = device_.is_cuda() ? moe_routing::Device::cuda : moe_routing::Device::cpu;
+    return v;
+  }
 
-/// The backward into `out` (allocated here when null).
+  /// A view of an optional input; absent -> the core's "absent" (default-constructed) view.
+  TensorView optional_view(const char* name, const at::Tensor& t) const {
+    return t.defined() ? view(name, t) : TensorView();
+  }
+
+  /// The output `spec` describes: `out` when the caller gave one (it must be exactly what would be
+  /// allocated - resizing would hide a caller's mistake), else a new tensor.
+  at::Tensor output(const char* name, at::IntArrayRef shape, DType core_type,
+                    const at::Tensor* out) const {
+    const at::ScalarType dtype = torch_dtype(core_type);
+    if (out == nullptr) return at::empty(shape, at::TensorOptions(device_).dtype(dtype));
+    TORCH_CHECK_VALUE(out->sizes() == shape && out->scalar_type() == dtype &&
+                          out->is_contiguous() && out->device() == device_,
+                      op_, ": out ", name, " must be a contiguous ",
+                      moe_routing::dtype_name(core_type), " tensor of shape ", shape, " on ",
+                      device_, " (the device of the operator's first input), got ",
+                      out->scalar_type(), " ", out->sizes(),
+                      out->is_contiguous() ? "" : " (non-contiguous)", " on ", out->device());
+    return *out;
+  }
+  at::Tensor output(const char* name, const moe_routing::OutputSpec& spec,
+                    const at::Tensor* out) const {
+    return output(name, at::IntArrayRef(spec.shape, spec.ndim), spec.dtype, out);
+  }
+
+  /// out= tensors must share no memory with the inputs or with each other (the kernels read
+  /// inputs while they write outputs): PyTorch's own out= operators' check and message.
+  static void check_no_overlap(std::initializer_list<const at::Tensor*> outputs,
+                               std::initializer_list<const at::Tensor*> inputs) {
+    for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+      for (const at::Tensor* input : inputs) {
+        if (input->defined()) at::assert_no_overlap(**out, *input);
+      }
+      for (auto other = outputs.begin(); other != out; ++other)
+        at::assert_no_overlap(**out, **other);
+    }
+  }
+
+  /// CPU: PyTorch's thread count (honours torch.set_num_threads). CUDA: torch's current stream
+  /// of the device.
+  moe_routing::ExecConfig exec_config() const {
+    moe_routing::ExecConfig config;
+    if (device_.is_cpu()) {
+      config.num_threads = at::get_num_threads();
+    } else {
+      const c10::impl::VirtualGuardImpl impl(device_.type());
+      config.stream = impl.getStreamNativeHandle(impl.getStream(device_));
+    }
+    return config;
+  }
+
+ private:
+  void check_device(const char* name, const at::Tensor& t) const {
+    TORCH_CHECK_VALUE(t.device() == device_, op_, ": ", name, " must be on ", device_,
+                      " (the device of the operator's first input), got ", t.device());
+  }
+
+  const char* op_;
+  at::Device device_;
+  c10::DeviceGuard guard_;
+};
+
+// ---- operators --------------------------------------------------------------------------------
+
+/// The backward into `out` (allocated when null).
 at::Tensor moe_init_routing_grad_into(const at::Tensor& grad_expanded_x,
                                       const at::Tensor& expanded_row_idx, int64_t top_k,
                                       int64_t drop_pad_mode, int64_t active_num,
-                                      c10::string_view order, const at::Tensor* out) {
+                                      c10::string_view numerics,
+                                      std::optional<c10::string_view> order,
+                                      const at::Tensor* out) {
   constexpr const char* op = "moe_init_routing_grad";
+  const Call call(op, grad_expanded_x);
   moe_routing::MoeInitRoutingGradAttrs attrs;
   attrs.top_k = top_k;
   attrs.drop_pad_mode = drop_pad_mode;
   attrs.active_num = active_num;
-  const std::string order_text(order);
-  TORCH_CHECK_VALUE(moe_routing::parse_accumulation_order(order_text.c_str(), &attrs.order), op,
-                    ": order must be \"tree\" or \"sequential\", got \"", order_text, "\"");
+  set_numerics(parse_numerics(op, numerics), order, &attrs);
   const at::Tensor grad = grad_expanded_x.contiguous();
   const at::Tensor idx = expanded_row_idx.contiguous();
-  const TensorView grad_view = view_of(op, "grad_expanded_x", grad);
-  const TensorView idx_view = view_of(op, "expanded_row_idx", idx);
+  const TensorView grad_view = call.view("grad_expanded_x", grad);
+  const TensorView idx_view = call.view("expanded_row_idx", idx);
   moe_routing::MoeInitRoutingGradPlan plan;
   raise_if_error(moe_routing::infer_moe_init_routing_grad(grad_view, idx_view, attrs, &plan));
-  const std::vector<int64_t> shape{plan.grad_x_shape[0], plan.grad_x_shape[1]};
-  at::Tensor grad_x;
-  if (out != nullptr) {
-    check_out(op, "grad_x", *out, shape, plan.dtype);
-    grad_x = *out;
-  } else {
-    grad_x = at::empty(shape, grad.options());
-  }
+  const at::Tensor grad_x =
+      call.output("grad_x", at::IntArrayRef(plan.grad_x_shape, 2), plan.dtype, out);
+  if (out != nullptr) Call::check_no_overlap({&grad_x}, {&grad_expanded_x, &expanded_row_idx});
   raise_if_error(moe_routing::moe_init_routing_grad(
-      grad_view, idx_view, attrs, view_of(op, "grad_x", grad_x), torch_exec_config()));
+      grad_view, idx_view, attrs, call.view("grad_x", grad_x), call.exec_config()));
   return grad_x;
 }
 
-at::Tensor moe_init_routing_grad_cpu(const at::Tensor& grad_expanded_x,
-                                     const at::Tensor& expanded_row_idx, int64_t top_k,
-                                     int64_t drop_pad_mode, int64_t active_num,
-                                     c10::string_view order) {
+at::Tensor moe_init_routing_grad(const at::Tensor& grad_expanded_x,
+                                 const at::Tensor& expanded_row_idx, int64_t top_k,
+                                 int64_t drop_pad_mode, int64_t active_num,
+                                 c10::string_view numerics, std::optional<c10::string_view> order) {
   return moe_init_routing_grad_into(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode,
-                                    active_num, order, nullptr);
+                                    active_num, numerics, order, nullptr);
 }
 
-void moe_init_routing_grad_out_cpu(const at::Tensor& grad_expanded_x,
-                                   const at::Tensor& expanded_row_idx, int64_t top_k,
-                                   int64_t drop_pad_mode, int64_t active_num,
-                                   c10::string_view order, at::Tensor& out) {
+void moe_init_routing_grad_out(const at::Tensor& grad_expanded_x,
+                               const at::Tensor& expanded_row_idx, int64_t top_k,
+                               int64_t drop_pad_mode, int64_t active_num, c10::string_view numerics,
+                               std::optional<c10::string_view> order, at::Tensor& out) {
   moe_init_routing_grad_into(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num,
-                             order, &out);
+                             numerics, order, &out);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2(
     const at::Tensor& x, const at::Tensor& expert_idx, int64_t active_num, int64_t expert_capacity,
     int64_t expert_num, int64_t drop_pad_mode, int64_t expert_tokens_count_or_cumsum_flag,
-    bool expert_tokens_before_capacity_flag) {
+    bool expert_tokens_before_capacity_flag, c10::string_view numerics) {
   constexpr const char* op = "moe_init_routing_v2";
+  const Call call(op, x);
   moe_routing::MoeInitRoutingV2Attrs attrs;
   attrs.active_num = active_num;
   attrs.expert_capacity = expert_capacity;
@@ -225,35 +308,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_routing_v2_c
   attrs.drop_pad_mode = drop_pad_mode;
   attrs.expert_tokens_count_or_cumsum_flag = expert_tokens_count_or_cumsum_flag;
   attrs.expert_tokens_before_capacity_flag = expert_tokens_before_capacity_flag;
+  // Nothing in this forward depends on the numerics; the argument is there so that autograd can
+  // carry it to the backward, and is checked like everywhere else.
+  parse_numerics(op, numerics);
   const at::Tensor x_c = x.contiguous();
   const at::Tensor idx_c = expert_idx.contiguous();
-  const TensorView x_view = view_of(op, "x", x_c);
-  const TensorView idx_view = view_of(op, "expert_idx", idx_c);
+  const TensorView x_view = call.view("x", x_c);
+  const TensorView idx_view = call.view("expert_idx", idx_c);
   moe_routing::MoeInitRoutingV2Plan plan;
   raise_if_error(moe_routing::infer_moe_init_routing_v2(x_view, idx_view, attrs, &plan));
-  at::Tensor expanded_x = allocate(plan.expanded_x, x_c);
-  at::Tensor expanded_row_idx = allocate(plan.expanded_row_idx, x_c);
-  at::Tensor counts = allocate(plan.expert_tokens_count_or_cumsum, x_c);
-  at::Tensor before_capacity = allocate(plan.expert_tokens_before_capacity, x_c);
+  const at::Tensor expanded_x = call.output("expanded_x", plan.expanded_x, nullptr);
+  const at::Tensor expanded_row_idx =
+      call.output("expanded_row_idx", plan.expanded_row_idx, nullptr);
+  const at::Tensor counts =
+      call.output("expert_tokens_count_or_cumsum", plan.expert_tokens_count_or_cumsum, nullptr);
+  const at::Tensor before_capacity =
+      call.output("expert_tokens_before_capacity", plan.expert_tokens_before_capacity, nullptr);
   raise_if_error(moe_routing::moe_init_routing_v2(
-      x_view, idx_view, attrs, view_of(op, "expanded_x", expanded_x),
-      view_of(op, "expanded_row_idx", expanded_row_idx),
-      view_of(op, "expert_tokens_count_or_cumsum", counts),
-      view_of(op, "expert_tokens_before_capacity", before_capacity), torch_exec_config()));
+      x_view, idx_view, attrs, call.view("expanded_x", expanded_x),
+      call.view("expanded_row_idx", expanded_row_idx),
+      call.view("expert_tokens_count_or_cumsum", counts),
+      call.view("expert_tokens_before_capacity", before_capacity), call.exec_config()));
   return {expanded_x, expanded_row_idx, counts, before_capacity};
 }
 
 using RoutingOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-/// The torch-API forward into `out` (five tensors; allocated here when null).
+/// The torch-API forward into `out` (five tensors; allocated when null).
 RoutingOutputs moe_init_routing_into(
     const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
     const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
     int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
     int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
-    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics,
-    const at::Tensor* out) {
+    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type,
+    std::optional<int64_t> x_dtype, c10::string_view numerics, const at::Tensor* out) {
   constexpr const char* op = "moe_init_routing";
+  const Call call(op, x);
+  // CANN declares with x_dtype the real type of data stored as uint8 (float4_e2m1, hifloat8,
+  // int4) for its quant modes 2..17, none of which exists here.
+  TORCH_CHECK_NOT_IMPLEMENTED(!x_dtype.has_value(), op,
+                              ": x_dtype must be None (CANN's float4/hifloat8/int4 data types "
+                              "are not supported), got ",
+                              x_dtype.value_or(0));
   moe_routing::MoeInitRoutingAttrs attrs;
   attrs.active_num = active_num;
   attrs.expert_capacity = expert_capacity;
@@ -271,20 +367,17 @@ RoutingOutputs moe_init_routing_into(
     attrs.has_active_expert_range = true;
     attrs.active_expert_range = {range[0], range[1]};
   }
-  const std::string numerics_text(numerics);
-  TORCH_CHECK_VALUE(moe_routing::parse_quant_flavour(numerics_text.c_str(), &attrs.flavour), op,
-                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", numerics_text,
-                    "\"");
+  set_numerics(parse_numerics(op, numerics), &attrs);
   const at::Tensor x_c = x.contiguous();
   const at::Tensor idx_c = expert_idx.contiguous();
   const at::Tensor scale_c = scale.has_value() ? scale->contiguous() : at::Tensor();
   const at::Tensor offset_c = offset.has_value() ? offset->contiguous() : at::Tensor();
   const at::Tensor weight_c = topk_weight.has_value() ? topk_weight->contiguous() : at::Tensor();
-  const TensorView x_view = view_of(op, "x", x_c);
-  const TensorView idx_view = view_of(op, "expert_idx", idx_c);
-  const TensorView scale_view = optional_view(op, "scale", scale_c);
-  const TensorView offset_view = optional_view(op, "offset", offset_c);
-  const TensorView weight_view = optional_view(op, "topk_weight", weight_c);
+  const TensorView x_view = call.view("x", x_c);
+  const TensorView idx_view = call.view("expert_idx", idx_c);
+  const TensorView scale_view = call.optional_view("scale", scale_c);
+  const TensorView offset_view = call.optional_view("offset", offset_c);
+  const TensorView weight_view = call.optional_view("topk_weight", weight_c);
   moe_routing::MoeInitRoutingPlan plan;
   raise_if_error(moe_routing::infer_moe_init_routing(x_view, idx_view, scale_view, offset_view,
                                                      weight_view, attrs, &plan));
@@ -293,82 +386,120 @@ RoutingOutputs moe_init_routing_into(
                                              &plan.expanded_scale, &plan.expanded_topk_weight};
   const char* names[5] = {"expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum",
                           "expanded_scale", "expanded_topk_weight"};
-  at::Tensor outputs[5];
-  for (int i = 0; i < 5; ++i) {
-    if (out != nullptr) {
-      check_out(op, names[i], out[i], at::IntArrayRef(specs[i]->shape, specs[i]->ndim),
-                specs[i]->dtype);
-      outputs[i] = out[i];
-    } else {
-      outputs[i] = allocate(*specs[i], x_c);
-    }
+  at::Tensor o[5];
+  for (int i = 0; i < 5; ++i) o[i] = call.output(names[i], *specs[i], out ? &out[i] : nullptr);
+  if (out != nullptr) {
+    const at::Tensor absent;
+    Call::check_no_overlap({&o[0], &o[1], &o[2], &o[3], &o[4]},
+                           {&x, &expert_idx, scale ? &*scale : &absent, offset ? &*offset : &absent,
+                            topk_weight ? &*topk_weight : &absent});
   }
-  at::Tensor &expanded_x = outputs[0], &expanded_row_idx = outputs[1], &counts = outputs[2],
-             &expanded_scale = outputs[3], &expanded_topk_weight = outputs[4];
   raise_if_error(moe_routing::moe_init_routing(
-      x_view, idx_view, scale_view, offset_view, weight_view, attrs,
-      view_of(op, "expanded_x", expanded_x), view_of(op, "expanded_row_idx", expanded_row_idx),
-      view_of(op, "expert_tokens_count_or_cumsum", counts),
-      view_of(op, "expanded_scale", expanded_scale),
-      view_of(op, "expanded_topk_weight", expanded_topk_weight), torch_exec_config()));
-  return {expanded_x, expanded_row_idx, counts, expanded_scale, expanded_topk_weight};
+      x_view, idx_view, scale_view, offset_view, weight_view, attrs, call.view(names[0], o[0]),
+      call.view(names[1], o[1]), call.view(names[2], o[2]), call.view(names[3], o[3]),
+      call.view(names[4], o[4]), call.exec_config()));
+  return {o[0], o[1], o[2], o[3], o[4]};
 }
 
-RoutingOutputs moe_init_routing_cpu(
-    const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
-    const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
-    int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
-    int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
-    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics) {
+RoutingOutputs moe_init_routing(const at::Tensor& x, const at::Tensor& expert_idx,
+                                const std::optional<at::Tensor>& scale,
+                                const std::optional<at::Tensor>& offset,
+                                const std::optional<at::Tensor>& topk_weight, int64_t active_num,
+                                int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
+                                int64_t expert_tokens_num_type, bool expert_tokens_num_flag,
+                                int64_t quant_mode, at::OptionalIntArrayRef active_expert_range,
+                                int64_t row_idx_type, std::optional<int64_t> x_dtype,
+                                c10::string_view numerics) {
   return moe_init_routing_into(x, expert_idx, scale, offset, topk_weight, active_num,
                                expert_capacity, expert_num, drop_pad_mode, expert_tokens_num_type,
                                expert_tokens_num_flag, quant_mode, active_expert_range,
-                               row_idx_type, numerics, nullptr);
+                               row_idx_type, x_dtype, numerics, nullptr);
 }
 
-void moe_init_routing_out_cpu(
-    const at::Tensor& x, const at::Tensor& expert_idx, const std::optional<at::Tensor>& scale,
-    const std::optional<at::Tensor>& offset, const std::optional<at::Tensor>& topk_weight,
-    int64_t active_num, int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
-    int64_t expert_tokens_num_type, bool expert_tokens_num_flag, int64_t quant_mode,
-    at::OptionalIntArrayRef active_expert_range, int64_t row_idx_type, c10::string_view numerics,
-    at::Tensor& expanded_x, at::Tensor& expanded_row_idx, at::Tensor& expert_tokens_count_or_cumsum,
-    at::Tensor& expanded_scale, at::Tensor& expanded_topk_weight) {
+void moe_init_routing_out(const at::Tensor& x, const at::Tensor& expert_idx,
+                          const std::optional<at::Tensor>& scale,
+                          const std::optional<at::Tensor>& offset,
+                          const std::optional<at::Tensor>& topk_weight, int64_t active_num,
+                          int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
+                          int64_t expert_tokens_num_type, bool expert_tokens_num_flag,
+                          int64_t quant_mode, at::OptionalIntArrayRef active_expert_range,
+                          int64_t row_idx_type, std::optional<int64_t> x_dtype,
+                          c10::string_view numerics, at::Tensor& expanded_x,
+                          at::Tensor& expanded_row_idx, at::Tensor& expert_tokens_count_or_cumsum,
+                          at::Tensor& expanded_scale, at::Tensor& expanded_topk_weight) {
   const at::Tensor out[5] = {expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
                              expanded_scale, expanded_topk_weight};
   moe_init_routing_into(x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity,
                         expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag,
-                        quant_mode, active_expert_range, row_idx_type, numerics, out);
+                        quant_mode, active_expert_range, row_idx_type, x_dtype, numerics, out);
+}
+
+/// Autograd kernel of the out= overloads: like PyTorch's own out= operators they are not
+/// differentiable, so with grad mode on, any argument that requires grad (an input, or an out=
+/// tensor such as a leaf parameter that would be overwritten behind autograd's back) is an error
+/// with PyTorch's message. Otherwise the call goes on to the device kernel.
+void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                           torch::jit::Stack* stack) {
+  if (at::GradMode::is_enabled()) {
+    const size_t num_args = op.schema().arguments().size();
+    for (auto arg = stack->end() - num_args; arg != stack->end(); ++arg) {
+      if (arg->isTensor() && arg->toTensor().requires_grad()) {
+        const std::string& name = op.schema().name();
+        TORCH_CHECK(false, name.substr(name.find("::") + 2),
+                    "(): functions with out=... arguments don't support automatic "
+                    "differentiation, but one of the arguments requires grad.");
+      }
+    }
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+/// The device kernels, the same functions on every device.
+void register_kernels(torch::Library& m) {
+  m.impl("moe_init_routing_grad", TORCH_FN(moe_init_routing_grad));
+  m.impl("moe_init_routing_v2", TORCH_FN(moe_init_routing_v2));
+  m.impl("moe_init_routing", TORCH_FN(moe_init_routing));
+  m.impl("moe_init_routing_grad.out", TORCH_FN(moe_init_routing_grad_out));
+  m.impl("moe_init_routing.out", TORCH_FN(moe_init_routing_out));
 }
 
 }  // namespace
 
+// The positional arguments of moe_init_routing and moe_init_routing_grad are those of CANN's
+// cann_ops_transformer functions, in CANN's order with CANN's defaults (active_num a SymInt, so
+// that torch.compile keeps it symbolic; x_dtype an int as torch_npu's dtype codes are). What is
+// ours comes after `*`: numerics, the backward's order override, the out= tensors.
 TORCH_LIBRARY(moe_routing, m) {
   m.def(
       "moe_init_routing_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
-      "int drop_pad_mode=0, int active_num=0, str order=\"tree\") -> Tensor");
+      "int drop_pad_mode=0, int active_num=0, *, str numerics=\"atlas_a2\", str? order=None) "
+      "-> Tensor");
   m.def(
       "moe_init_routing_v2(Tensor x, Tensor expert_idx, int active_num=0, int expert_capacity=0, "
       "int expert_num=0, int drop_pad_mode=0, int expert_tokens_count_or_cumsum_flag=0, "
-      "bool expert_tokens_before_capacity_flag=False) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool expert_tokens_before_capacity_flag=False, *, str numerics=\"atlas_a2\") "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "moe_init_routing(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, "
-      "Tensor? topk_weight=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, "
-      "int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, "
-      "int quant_mode=-1, int[]? active_expert_range=None, int row_idx_type=0, "
-      "str numerics=\"atlas_a2\") -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? topk_weight=None, SymInt active_num=-1, int expert_capacity=-1, "
+      "int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, "
+      "bool expert_tokens_num_flag=False, int quant_mode=-1, int[]? active_expert_range=None, "
+      "int row_idx_type=0, int? x_dtype=None, *, str numerics=\"atlas_a2\") "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   // out= overloads: write into caller-owned tensors of exactly the planned shapes (no allocation,
   // so no page faults of fresh memory on every call). They return nothing, as torch requires of
   // mutating custom operators.
   m.def(
       "moe_init_routing_grad.out(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
-      "int drop_pad_mode=0, int active_num=0, str order=\"tree\", *, Tensor(a!) out) -> ()");
+      "int drop_pad_mode=0, int active_num=0, *, str numerics=\"atlas_a2\", str? order=None, "
+      "Tensor(a!) out) -> ()");
   m.def(
       "moe_init_routing.out(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, "
-      "Tensor? topk_weight=None, int active_num=-1, int expert_capacity=-1, int expert_num=-1, "
-      "int drop_pad_mode=0, int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, "
-      "int quant_mode=-1, int[]? active_expert_range=None, int row_idx_type=0, "
-      "str numerics=\"atlas_a2\", *, Tensor(a!) expanded_x, Tensor(b!) expanded_row_idx, "
+      "Tensor? topk_weight=None, SymInt active_num=-1, int expert_capacity=-1, "
+      "int expert_num=-1, int drop_pad_mode=0, int expert_tokens_num_type=0, "
+      "bool expert_tokens_num_flag=False, int quant_mode=-1, int[]? active_expert_range=None, "
+      "int row_idx_type=0, int? x_dtype=None, *, str numerics=\"atlas_a2\", "
+      "Tensor(a!) expanded_x, Tensor(b!) expanded_row_idx, "
       "Tensor(c!) expert_tokens_count_or_cumsum, Tensor(d!) expanded_scale, "
       "Tensor(e!) expanded_topk_weight) -> ()");
   // Internal: a check that the kernels' loops really run on several of PyTorch's threads.
@@ -376,10 +507,17 @@ TORCH_LIBRARY(moe_routing, m) {
   m.def("_uses_torch_pool() -> bool", &uses_torch_pool);
 }
 
-TORCH_LIBRARY_IMPL(moe_routing, CPU, m) {
-  m.impl("moe_init_routing_grad", &moe_init_routing_grad_cpu);
-  m.impl("moe_init_routing_v2", &moe_init_routing_v2_cpu);
-  m.impl("moe_init_routing", &moe_init_routing_cpu);
-  m.impl("moe_init_routing_grad.out", &moe_init_routing_grad_out_cpu);
-  m.impl("moe_init_routing.out", &moe_init_routing_out_cpu);
+TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }
+
+#ifdef MOE_ROUTING_TORCH_CUDA
+// Compiled where the torch built against has CUDA and the library its CUDA backend
+// (python/CMakeLists.txt): the core runs CUDA TensorViews on the GPU, bitwise identical to the CPU.
+TORCH_LIBRARY_IMPL(moe_routing, CUDA, m) { register_kernels(m); }
+#endif
+
+TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {
+  m.impl("moe_init_routing_grad.out",
+         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
+  m.impl("moe_init_routing.out",
+         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
 }
