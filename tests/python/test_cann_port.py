@@ -1,0 +1,255 @@
+"""moe_routing.ops ports cann_ops_transformer.ops by one import: the functions accept CANN's
+arguments positionally and by keyword, in CANN's order with CANN's defaults, and the calls of
+CANN's documentation (torchapi_moe_init_routing.md: single operator and graph mode) and of the
+seed article's two examples (torchapi_moe_init_routing_grad.md: manual and automatic backward) run
+here as written, with `.npu()` / device="npu" dropped."""
+import inspect
+
+import torch
+import torch._dynamo.testing
+
+from moe_routing.ops import moe_init_routing, moe_init_routing_grad
+from reference import assert_bitwise_equal, grad_reference, v4_reference
+
+_REQUIRED = inspect.Parameter.empty
+# CANN's Python functions (cann_ops_transformer/ops/moe): name and default of each parameter, in
+# order, every one positional-or-keyword.
+CANN_MOE_INIT_ROUTING = [
+    ("x", _REQUIRED), ("expert_idx", _REQUIRED), ("scale", None), ("offset", None), ("topk_weight", None),
+    ("active_num", -1), ("expert_capacity", -1), ("expert_num", -1), ("drop_pad_mode", 0),
+    ("expert_tokens_num_type", 0), ("expert_tokens_num_flag", False), ("quant_mode", -1),
+    ("active_expert_range", None), ("row_idx_type", 0), ("x_dtype", None)]
+CANN_MOE_INIT_ROUTING_GRAD = [
+    ("grad_expanded_x", _REQUIRED), ("expanded_row_idx", _REQUIRED), ("top_k", _REQUIRED), ("drop_pad_mode", 0),
+    ("active_num", 0)]
+OUTPUT_NAMES = ("expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
+                "expanded_topk_weight")
+
+
+def check_signature(function, cann):
+    params = list(inspect.signature(function).parameters.values())
+    head = [(p.name, p.default) for p in params[:len(cann)]]
+    assert head == cann, function.__name__
+    assert all(p.kind == p.POSITIONAL_OR_KEYWORD for p in params[:len(cann)])
+    assert all(p.kind == p.KEYWORD_ONLY for p in params[len(cann):]), "ours come after CANN's, by keyword"
+
+
+def test_signatures_are_cann_s():
+    check_signature(moe_init_routing, CANN_MOE_INIT_ROUTING)
+    check_signature(moe_init_routing_grad, CANN_MOE_INIT_ROUTING_GRAD)
+
+
+def test_operator_schemas_carry_cann_s_arguments():
+    schema = torch.ops.moe_routing.moe_init_routing.default._schema
+    positional = [a for a in schema.arguments if not a.kwarg_only]
+    assert [a.name for a in positional] == [name for name, _ in CANN_MOE_INIT_ROUTING]
+    assert "SymInt active_num=-1" in str(schema) and "int? x_dtype=None" in str(schema)
+    grad = torch.ops.moe_routing.moe_init_routing_grad.default._schema
+    assert [a.name for a in grad.arguments if not a.kwarg_only] == [n for n, _ in CANN_MOE_INIT_ROUTING_GRAD]
+
+
+def test_every_argument_positionally():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 6, generator=gen)
+    idx = torch.randint(0, 6, (5, 3), generator=gen, dtype=torch.int32)
+    w = torch.rand(5, 3, generator=gen)
+    s = torch.rand(5, generator=gen)
+    positional = moe_init_routing(x, idx, s, None, w, 9, -1, 6, 0, 1, True, -1, [1, 5], 1, None)
+    keywords = moe_init_routing(x, idx, scale=s, topk_weight=w, active_num=9, expert_num=6, expert_tokens_num_type=1,
+                                expert_tokens_num_flag=True, active_expert_range=[1, 5], row_idx_type=1)
+    for a, b, name in zip(keywords, positional, OUTPUT_NAMES):
+        assert_bitwise_equal(a, b, name)
+    g = torch.randn(9, 6, generator=gen)
+    assert_bitwise_equal(moe_init_routing_grad(g, positional[1], 3, 0, 9),
+                         moe_init_routing_grad(g, positional[1], top_k=3, drop_pad_mode=0, active_num=9), "grad")
+
+
+def test_x_dtype_is_accepted_as_none_and_refused_otherwise():
+    x = torch.randn(2, 4)
+    idx = torch.zeros(2, 1, dtype=torch.int32)
+    moe_init_routing(x, idx, None, None, None, -1, -1, 1, 0, 0, False, -1, None, 0, None)
+    for code in (1, 290):  # any of CANN's codes (torch_npu's dtype numbers)
+        try:
+            moe_init_routing(x, idx, expert_num=1, x_dtype=code)
+        except NotImplementedError as error:
+            assert f"moe_init_routing: x_dtype must be None" in str(error) and str(code) in str(error)
+        else:
+            raise AssertionError("x_dtype was accepted")
+
+
+def test_active_num_stays_symbolic_under_compile():
+    # With an `int` active_num torch.compile would specialise on x.shape[0] * K and compile once per
+    # token count; as a SymInt one graph serves them all.
+    counter = torch._dynamo.testing.CompileCounter()
+
+    @torch.compile(backend=counter, dynamic=True, fullgraph=True)
+    def route(x, idx):
+        return moe_init_routing(x, idx, active_num=x.shape[0] * idx.shape[1] - 3, expert_num=4)
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(2)
+    for n in (5, 7, 11):
+        x = torch.randn(n, 8, generator=gen)
+        idx = torch.randint(0, 4, (n, 2), generator=gen, dtype=torch.int32)
+        expected = moe_init_routing(x, idx, active_num=2 * n - 3, expert_num=4)
+        for a, b, name in zip(expected, route(x, idx), OUTPUT_NAMES):
+            assert_bitwise_equal(a, b, f"N={n} {name}")
+    assert counter.frame_count == 1
+
+
+# ---- CANN's documentation: torchapi_moe_init_routing.md -------------------------------------------
+
+def test_cann_doc_single_operator_example():
+    torch.manual_seed(0)
+    n = 3
+    h = 2
+    k = 4
+    expert_num = 256
+    expert_capacity = -1
+    drop_pad_mode = 0
+    expert_tokens_num_type = 1
+    expert_tokens_num_flag = True
+    quant_mode = -1
+    active_expert_range = [0, 4]
+    row_idx_type = 1
+
+    x = torch.randn((n, h), dtype=torch.float32)
+    expert_idx = torch.randint(0, expert_num, (n, k), dtype=torch.int32)
+    expert_idx[0, 1] = 2  # (not in the example: so that at least one pair falls in [0, 4))
+    scale = torch.randn((n,), dtype=torch.float32)
+
+    expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight = \
+        moe_init_routing(x, expert_idx, scale=scale,
+                         active_num=-1, expert_capacity=expert_capacity,
+                         expert_num=expert_num, drop_pad_mode=drop_pad_mode,
+                         expert_tokens_num_type=expert_tokens_num_type,
+                         expert_tokens_num_flag=expert_tokens_num_flag,
+                         quant_mode=quant_mode, active_expert_range=active_expert_range,
+                         row_idx_type=row_idx_type)
+    assert expanded_topk_weight.shape == (0,)
+    expected = v4_reference(x, expert_idx, scale=scale, expert_num=expert_num, expert_tokens_num_type=1,
+                            expert_tokens_num_flag=True, active_expert_range=[0, 4], row_idx_type=1)
+    got = (expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight)
+    for e, g, name in zip(expected, got, OUTPUT_NAMES):
+        assert_bitwise_equal(e, g, f"single operator: {name}")
+
+    topk_weight = torch.randn((n, k), dtype=torch.float32)
+    expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight = \
+        moe_init_routing(x, expert_idx, topk_weight=topk_weight, scale=scale,
+                         active_num=-1, expert_capacity=expert_capacity,
+                         expert_num=expert_num, drop_pad_mode=drop_pad_mode,
+                         expert_tokens_num_type=expert_tokens_num_type,
+                         expert_tokens_num_flag=expert_tokens_num_flag,
+                         quant_mode=quant_mode, active_expert_range=active_expert_range,
+                         row_idx_type=row_idx_type)
+    expected = v4_reference(x, expert_idx, scale=scale, topk_weight=topk_weight, expert_num=expert_num,
+                            expert_tokens_num_type=1, expert_tokens_num_flag=True, active_expert_range=[0, 4],
+                            row_idx_type=1)
+    got = (expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight)
+    for e, g, name in zip(expected, got, OUTPUT_NAMES):
+        assert_bitwise_equal(e, g, f"single operator with topk_weight: {name}")
+
+
+class MoeInitRoutingModel(torch.nn.Module):
+    def forward(self, x, expert_idx, *, topk_weight=None, scale=None, offset=None,
+                active_num=-1, expert_capacity=-1, expert_num=-1, drop_pad_mode=0,
+                expert_tokens_num_type=0, expert_tokens_num_flag=False, quant_mode=-1,
+                active_expert_range=None, row_idx_type=0):
+        return moe_init_routing(x, expert_idx, topk_weight=topk_weight,
+                                scale=scale, offset=offset, active_num=active_num,
+                                expert_capacity=expert_capacity, expert_num=expert_num,
+                                drop_pad_mode=drop_pad_mode,
+                                expert_tokens_num_type=expert_tokens_num_type,
+                                expert_tokens_num_flag=expert_tokens_num_flag,
+                                quant_mode=quant_mode,
+                                active_expert_range=active_expert_range,
+                                row_idx_type=row_idx_type)
+
+
+def test_cann_doc_graph_mode_example():
+    # The documentation compiles with torchair's NPU backend; here torch.compile's own.
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    n = 3
+    h = 2
+    k = 4
+    expert_num = 256
+    active_expert_range = [0, 4]
+
+    x = torch.randn((n, h), dtype=torch.float32)
+    expert_idx = torch.randint(0, expert_num, (n, k), dtype=torch.int32)
+    expert_idx[1, 2] = 3  # (not in the example: so that at least one pair falls in [0, 4))
+    topk_weight = torch.randn((n, k), dtype=torch.float32)
+    scale = torch.randn((1,), dtype=torch.float32)
+    offset = torch.randn((1,), dtype=torch.float32)
+
+    model = MoeInitRoutingModel()
+    model = torch.compile(model, dynamic=False)
+    expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight = \
+        model(x, expert_idx, topk_weight=topk_weight, scale=scale, offset=offset,
+              active_num=-1, expert_capacity=-1, expert_num=expert_num,
+              drop_pad_mode=0, expert_tokens_num_type=1,
+              expert_tokens_num_flag=True, quant_mode=0,
+              active_expert_range=active_expert_range, row_idx_type=1)
+    expected = v4_reference(x, expert_idx, scale=scale, offset=offset, topk_weight=topk_weight, expert_num=256,
+                            expert_tokens_num_type=1, expert_tokens_num_flag=True, quant_mode=0,
+                            active_expert_range=[0, 4], row_idx_type=1)
+    assert expanded_x.dtype == torch.int8
+    got = (expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight)
+    for e, g, name in zip(expected, got, OUTPUT_NAMES):
+        if name != "expanded_scale":  # static quantisation: CANN leaves it empty, ours is unspecified
+            assert_bitwise_equal(e, g, f"graph mode: {name}")
+
+
+# ---- the seed article's two examples (torchapi_moe_init_routing_grad.md) ------------------------
+
+def test_seed_example_manual_backward():
+    torch.manual_seed(2)
+    n = 4
+    h = 8
+    k = 2
+    expert_num = 8
+    drop_pad_mode = 0
+    expert_tokens_num_type = 1
+    expert_tokens_num_flag = True
+    quant_mode = -1
+    active_expert_range = [0, 4]
+    row_idx_type = 0
+
+    x = torch.randn((n, h), dtype=torch.float32)
+    expert_idx = torch.randint(0, expert_num, (n, k), dtype=torch.int32)
+
+    expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight = \
+        moe_init_routing(x, expert_idx, active_num=-1, expert_capacity=-1, expert_num=expert_num,
+                         drop_pad_mode=drop_pad_mode, expert_tokens_num_type=expert_tokens_num_type,
+                         expert_tokens_num_flag=expert_tokens_num_flag, quant_mode=quant_mode,
+                         active_expert_range=active_expert_range, row_idx_type=row_idx_type)
+
+    grad_expanded_x = torch.randn_like(expanded_x)
+    grad_x = moe_init_routing_grad(grad_expanded_x, expanded_row_idx, top_k=k, drop_pad_mode=drop_pad_mode,
+                                   active_num=0)
+    assert grad_x.shape == torch.Size([4, 8])
+    assert_bitwise_equal(grad_reference(grad_expanded_x, expanded_row_idx, k), grad_x, "seed example 1")
+
+
+def test_seed_example_automatic_backward():
+    torch.manual_seed(3)
+    n = 4
+    h = 8
+    k = 2
+    expert_num = 8
+
+    x = torch.randn((n, h), dtype=torch.float32, requires_grad=True)
+    expert_idx = torch.randint(0, expert_num, (n, k), dtype=torch.int32)
+
+    expanded_x, expanded_row_idx, expert_tokens_count, expanded_scale, expanded_topk_weight = \
+        moe_init_routing(x, expert_idx, active_num=-1, expert_capacity=-1, expert_num=expert_num,
+                         drop_pad_mode=0, expert_tokens_num_type=1, expert_tokens_num_flag=True,
+                         quant_mode=-1, active_expert_range=[0, 4], row_idx_type=0)
+
+    loss = expanded_x.sum()
+    loss.backward()
+    assert x.grad.shape == torch.Size([4, 8])
+    # d(sum)/dx[i] = the number of token i's pairs routed to an expert in [0, 4).
+    routed = ((expert_idx >= 0) & (expert_idx < 4)).sum(dim=1, dtype=torch.float32)
+    assert torch.equal(x.grad, routed[:, None].expand(n, h))
