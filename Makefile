@@ -68,8 +68,11 @@ venv: $(VENV)/.installed
 python: venv
 	$(VENV_PY) -m pip install -q --no-build-isolation --no-deps .
 
+# tests/python: the package's suites; tests/adversarial/python: calls an adversary would make
+# (issue 17), each once accepted with a wrong result.
 test-python: python build
-	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
+	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider . \
+	  ../adversarial/python
 
 test: format-check test-cpp test-asan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"

@@ -1,0 +1,181 @@
+"""Adversarial calls of the torch operators (issue 17, items 2, 9 and 10). Each call here was
+accepted before and gave a wrong result, wrote where it must not, or computed nothing; each must
+now raise a clear error - PyTorch's own where PyTorch's out= operators have one - and write
+nothing."""
+import pytest
+import torch
+
+import moe_routing
+
+# PyTorch's messages (ATen/MemoryOverlap.cpp, torch/_library/autograd.py), matched in part.
+OVERLAP = "some elements of the input tensor and the written-to tensor refer to a single memory location"
+NOT_DIFFERENTIABLE = r"\(\): functions with out=\.\.\. arguments don't support automatic differentiation"
+
+
+def routing_case(n=4, k=2, e=4, h=8, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, h, generator=gen)
+    idx = torch.randint(0, e, (n, k), generator=gen, dtype=torch.int32)
+    return x, idx, e
+
+
+def forward_outs(x, idx, e, **kwargs):
+    return tuple(torch.zeros_like(t) for t in moe_routing.moe_init_routing(x, idx, expert_num=e, **kwargs))
+
+
+# ---- item 2: out= overlapping an input (or another output) ------------------------------------
+
+def test_grad_out_overlapping_grad_expanded_x():
+    g = torch.randn(18, 4)
+    idx = torch.randperm(18, generator=torch.Generator().manual_seed(1)).to(torch.int32)
+    before = g.clone()
+    with pytest.raises(RuntimeError, match=OVERLAP):
+        moe_routing.moe_init_routing_grad(g, idx, 3, out=g[:6])
+    assert torch.equal(g, before)
+
+
+def test_grad_out_overlapping_expanded_row_idx():
+    # grad_x [6, 3] float32 laid over the 18 int32 indices themselves.
+    idx = torch.randperm(18, generator=torch.Generator().manual_seed(2)).to(torch.int32)
+    before = idx.clone()
+    with pytest.raises(RuntimeError, match=OVERLAP):
+        moe_routing.moe_init_routing_grad(torch.randn(18, 3), idx, 3, out=idx.view(torch.float32).view(6, 3))
+    assert torch.equal(idx, before)
+
+
+def assert_forward_refused(x, idx, e, change, error=RuntimeError, match=OVERLAP):
+    """moe_init_routing with out= tensors edited by change(outs), which returns the tensor whose
+    contents must survive the refused call."""
+    outs = list(forward_outs(x, idx, e))
+    watched = change(outs)
+    before = watched.detach().clone()
+    with pytest.raises(error, match=match):
+        moe_routing.moe_init_routing(x, idx, expert_num=e, out=tuple(outs))
+    assert torch.equal(watched.detach(), before)
+
+
+def test_forward_out_overlapping_x():
+    x, idx, e = routing_case()
+    buffer = torch.randn(x.numel() * idx.shape[1])  # expanded_x [8, 8]; x is its first half
+    x = buffer[:x.numel()].view(x.shape)
+
+    def expanded_x_over_x(outs):
+        outs[0] = buffer.view(outs[0].shape)
+        return buffer
+    assert_forward_refused(x, idx, e, expanded_x_over_x)
+
+
+def test_forward_out_overlapping_expert_idx():
+    x, idx, e = routing_case()
+
+    def row_idx_over_expert_idx(outs):  # written over the indices it is computed from
+        outs[1] = idx.view(-1)
+        return idx
+    assert_forward_refused(x, idx, e, row_idx_over_expert_idx)
+
+
+def test_forward_outs_overlapping_each_other():
+    x, idx, e = routing_case()
+
+    def scale_over_row_idx(outs):
+        outs[3] = outs[1].view(torch.float32)
+        return outs[1]
+    assert_forward_refused(x, idx, e, scale_over_row_idx)
+
+
+def test_disjoint_views_of_one_buffer_are_fine():
+    g = torch.randn(24, 4)
+    idx = torch.randperm(18, generator=torch.Generator().manual_seed(3)).to(torch.int32)
+    out = g[18:]  # [6, 4], after the 18 rows read
+    moe_routing.moe_init_routing_grad(g[:18], idx, 3, out=out)
+    assert torch.equal(out, moe_routing.moe_init_routing_grad(g[:18].clone(), idx, 3))
+
+
+# ---- item 9: out= into a tensor that requires grad ----------------------------------------------
+
+def test_grad_out_into_a_leaf_that_requires_grad():
+    g = torch.randn(6, 4)
+    idx = torch.arange(6, dtype=torch.int32)
+    leaf = torch.zeros(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="moe_init_routing_grad" + NOT_DIFFERENTIABLE):
+        moe_routing.moe_init_routing_grad(g, idx, 2, out=leaf)
+    assert torch.equal(leaf.detach(), torch.zeros(3, 4))
+
+
+def test_forward_out_into_a_leaf_that_requires_grad():
+    x, idx, e = routing_case()
+
+    def leaf_expanded_x(outs):
+        outs[0] = torch.zeros_like(outs[0]).requires_grad_()
+        return outs[0]
+    assert_forward_refused(x, idx, e, leaf_expanded_x, match="moe_init_routing" + NOT_DIFFERENTIABLE)
+
+
+def test_out_with_an_input_that_requires_grad():
+    g = torch.randn(6, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
+        moe_routing.moe_init_routing_grad(g, torch.arange(6, dtype=torch.int32), 2, out=torch.empty(3, 4))
+    x, idx, e = routing_case()
+    with pytest.raises(RuntimeError, match=NOT_DIFFERENTIABLE):
+        moe_routing.moe_init_routing(x.requires_grad_(), idx, expert_num=e, out=forward_outs(x, idx, e))
+
+
+def test_out_under_no_grad_writes_as_pytorch_does():
+    # torch.add(a, b, out=leaf) is allowed under no_grad; so are ours, with the right result.
+    g = torch.randn(6, 4)
+    idx = torch.arange(6, dtype=torch.int32)
+    leaf = torch.zeros(3, 4, requires_grad=True)
+    with torch.no_grad():
+        moe_routing.moe_init_routing_grad(g, idx, 2, out=leaf)
+    assert torch.equal(leaf.detach(), moe_routing.moe_init_routing_grad(g, idx, 2))
+
+
+# ---- item 10: arguments that slipped through -----------------------------------------------------
+
+@pytest.mark.parametrize("bad", [[0.9, 2.9], (1, 2.0), [torch.tensor(1.5), 3], ["0", "2"], [0, 1, 2], [3]])
+def test_active_expert_range_must_be_two_ints(bad):
+    x, idx, e = routing_case()
+    with pytest.raises(ValueError, match=r"moe_init_routing: active_expert_range must be a list of two ints"):
+        moe_routing.moe_init_routing(x, idx, expert_num=e, active_expert_range=bad)
+
+
+def test_active_expert_range_accepts_integer_values_of_any_kind():
+    x, idx, e = routing_case()
+    expected = moe_routing.moe_init_routing(x, idx, expert_num=e, active_expert_range=[1, 3])
+    for same in ((1, 3), [torch.tensor(1), 3], range(1, 3 + 1, 2)):
+        got = moe_routing.moe_init_routing(x, idx, expert_num=e, active_expert_range=same)
+        assert all(torch.equal(a, b) for a, b in zip(expected, got))
+
+
+def test_grad_meta_out_with_cpu_inputs():
+    with pytest.raises(ValueError, match=r"moe_init_routing_grad: out grad_x must be on cpu .* got meta"):
+        moe_routing.moe_init_routing_grad(torch.randn(6, 4), torch.arange(6, dtype=torch.int32), 2,
+                                          out=torch.empty(3, 4, device="meta"))
+
+
+def test_forward_meta_out_with_cpu_inputs():
+    x, idx, e = routing_case()
+
+    def meta_counts(outs):
+        outs[2] = torch.empty_like(outs[2], device="meta")
+        return outs[0]
+    assert_forward_refused(x, idx, e, meta_counts, error=ValueError,
+                           match=r"moe_init_routing: out expert_tokens_count_or_cumsum must be on cpu .* got meta")
+
+
+def test_meta_input_among_cpu_inputs():
+    x, idx, e = routing_case()
+    with pytest.raises(ValueError, match=r"moe_init_routing: expert_idx must be on cpu .* got meta"):
+        moe_routing.moe_init_routing(x, idx.to("meta"), expert_num=e)
+    with pytest.raises(ValueError, match=r"moe_init_routing_grad: expanded_row_idx must be on meta .* got cpu"):
+        moe_routing.moe_init_routing_grad(torch.empty(6, 4, device="meta"), torch.arange(6, dtype=torch.int32), 2)
+
+
+def test_all_meta_out_call_is_shape_checked():
+    # Every tensor on the meta device is a legitimate shape-only call; a wrong out shape is still
+    # reported as the CPU kernel reports it.
+    g = torch.empty(6, 4, device="meta")
+    idx = torch.empty(6, dtype=torch.int32, device="meta")
+    moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 4, device="meta"))
+    with pytest.raises(ValueError, match=r"out grad_x must be a contiguous float32 tensor of shape \[3, 4\]"):
+        moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 5, device="meta"))
