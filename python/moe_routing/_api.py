@@ -1,4 +1,4 @@
-"""The public functions, with CANN's (cann_ops_transformer) names, argument names and defaults."""
+"""The public functions, with CANN's (cann_ops_transformer) names, argument order and defaults."""
 from __future__ import annotations
 
 import operator
