@@ -177,3 +177,29 @@ def test_compiled_grad_with_dynamic_shapes():
         g = torch.randn(2 * n, 3)
         i = torch.randperm(2 * n).to(torch.int32)
         assert torch.equal(f(g, i), moe_routing.moe_init_routing_grad(g, i, 2))
+
+
+def test_compiled_backward_keeps_the_forward_numerics():
+    # The keyword-only numerics reaches the backward that AOT autograd traces (aot_eager: the
+    # tracing without inductor's code generation, which adds nothing here but minutes): compiled
+    # gradients equal eager ones bit for bit under each numerics, and the two numerics give
+    # different gradients here (values over many binades, K=8), so a backward that dropped it
+    # would fail.
+    def route(x, idx, c, numerics):
+        expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=8, numerics=numerics)[0]
+        return (expanded_x * c).sum()
+
+    gen = torch.Generator().manual_seed(9)
+    x = random_values((33, 24), torch.float32, gen)
+    idx = torch.randint(0, 8, (33, 8), generator=gen, dtype=torch.int32)
+    c = random_values((33 * 8, 24), torch.float32, gen)
+    grads = {}
+    for numerics in ("atlas_a2", "ascend_950"):
+        torch._dynamo.reset()
+        eager_x = x.clone().requires_grad_()
+        route(eager_x, idx, c, numerics).backward()
+        compiled_x = x.clone().requires_grad_()
+        torch.compile(route, fullgraph=True, backend="aot_eager")(compiled_x, idx, c, numerics).backward()
+        assert torch.equal(eager_x.grad.view(torch.int32), compiled_x.grad.view(torch.int32)), numerics
+        grads[numerics] = eager_x.grad
+    assert not torch.equal(grads["atlas_a2"].view(torch.int32), grads["ascend_950"].view(torch.int32))
