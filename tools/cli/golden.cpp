@@ -28,7 +28,8 @@ every scenario; any other index outside the rows of grad_expanded_x is an error.
 
 grad_expanded_x is float32 ('<f4'), float16 ('<f2') or bfloat16 bit patterns stored as uint16
 ('<u2'); grad_x is written in the same convention. expanded_row_idx is int32 ('<i4'). The output
-is written atomically: on any error nothing is written.)",
+is written atomically: on any error nothing is written. --out may name a FIFO or a device (written
+in place) or a symbolic link (its target is written); it is never replaced by a regular file.)",
             "moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 2 "
             "--out grad_x.npy\n"
             "moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 8 "
@@ -73,9 +74,9 @@ is written atomically: on any error nothing is written.)",
 
   int run(const ArgParser&) override {
     npy::Array grad, index;
-    Status s = npy::read(grad_path_, &grad);
+    Status s = npy::read(grad_path_, &grad, "--grad-expanded-x");
     if (!s.is_ok()) return report_error(s);
-    s = npy::read(index_path_, &index);
+    s = npy::read(index_path_, &index, "--expanded-row-idx");
     if (!s.is_ok()) return report_error(s);
 
     MoeInitRoutingGradAttrs attrs;
@@ -92,13 +93,16 @@ is written atomically: on any error nothing is written.)",
     MoeInitRoutingGradPlan plan;
     s = infer_moe_init_routing_grad(grad.view(), index.view(), attrs, &plan);
     if (!s.is_ok()) return report_error(s);
-    npy::Array grad_x(plan.dtype, {plan.grad_x_shape[0], plan.grad_x_shape[1]});
+    npy::Array grad_x;
+    s = npy::allocate(plan.dtype, {plan.grad_x_shape[0], plan.grad_x_shape[1]}, info().name,
+                      "grad_x", &grad_x);
+    if (!s.is_ok()) return report_error(s);
     if (device_ == "cuda")
       s = run_on_cuda(grad, index, attrs, config, &grad_x);
     else
       s = moe_init_routing_grad(grad.view(), index.view(), attrs, grad_x.view(), config);
     if (!s.is_ok()) return report_error(s);
-    s = npy::write(out_path_, grad_x);
+    s = npy::write(out_path_, grad_x, "--out");
     if (!s.is_ok()) return report_error(s);
     std::cout << "wrote " << out_path_ << ": grad_x " << dtype_name(plan.dtype) << " ["
               << plan.grad_x_shape[0] << ", " << plan.grad_x_shape[1] << "] ("

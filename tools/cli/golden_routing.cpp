@@ -10,10 +10,12 @@
 #include <cstring>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "commands.h"
+#include "file_io.h"
 #include "moe_routing/moe_routing.hpp"
 #include "npy.h"
 
@@ -35,16 +37,14 @@ ExecConfig exec_config(const std::string& backend, int64_t threads) {
   return config;
 }
 
-/// One output of an operator: its name (also the file's stem), its planned spec and storage.
+/// One output of an operator: its name (also the file's stem), its planned spec and storage
+/// (allocated by allocate_outputs()).
 struct Output {
   std::string name;
   OutputSpec spec;
   npy::Array array;
 
-  Output(std::string name_, const OutputSpec& spec_) : name(std::move(name_)), spec(spec_) {
-    if (spec.produced)
-      array = npy::Array(spec.dtype, std::vector<int64_t>(spec.shape, spec.shape + spec.ndim));
-  }
+  Output(std::string name_, const OutputSpec& spec_) : name(std::move(name_)), spec(spec_) {}
   /// The view passed to the operator: the array when produced, else absent (data null).
   TensorView view() {
     if (!spec.produced) return TensorView();
@@ -57,15 +57,47 @@ struct Output {
   uint64_t empty_ = 0;
 };
 
+/// Allocates the storage of every produced output, after checking that the outputs and the
+/// operator's scratch memory (`scratch_bytes`, which the operator allocates itself) fit in the
+/// memory available together: before anything is allocated, so that a request too large for the
+/// machine is a message, not the OOM killer.
+Status allocate_outputs(const std::string& command, uint64_t scratch_bytes,
+                        std::vector<Output>* outputs) {
+  uint64_t total = scratch_bytes;
+  std::string what;
+  for (const Output& output : *outputs) {
+    if (!output.spec.produced) continue;
+    uint64_t bytes = 0;  // saturated: a sum past 2^64 fits nowhere either
+    if (__builtin_mul_overflow(uint64_t(output.spec.numel()), dtype_size(output.spec.dtype),
+                               &bytes) ||
+        __builtin_add_overflow(total, bytes, &total))
+      total = ~uint64_t(0);
+    what += std::string(what.empty() ? "" : ", ") + output.name + ' ' +
+            dtype_name(output.spec.dtype) + ' ' + shape_string(output.spec);
+  }
+  MOE_ROUTING_RETURN_IF_ERROR(file_io::check_memory(total, command,
+                                                    "the outputs (" + what +
+                                                        ") and the operator's scratch memory (" +
+                                                        std::to_string(scratch_bytes) + " bytes)"));
+  for (Output& output : *outputs)
+    if (output.spec.produced)
+      MOE_ROUTING_RETURN_IF_ERROR(npy::allocate(
+          output.spec.dtype,
+          std::vector<int64_t>(output.spec.shape, output.spec.shape + output.spec.ndim), command,
+          output.name, &output.array));
+  return Status::ok();
+}
+
 /// Reads an .npy input; a view with a non-null pointer even when the array is empty.
 struct Input {
   npy::Array array;
   bool present = false;
   uint64_t empty = 0;
 
-  Status read(const std::string& path) {
+  /// Reads `path`, given by `flag` (messages name both).
+  Status read(const std::string& flag, const std::string& path) {
     present = true;
-    return npy::read(path, &array);
+    return npy::read(path, &array, flag);
   }
   TensorView view() {
     if (!present) return TensorView();
@@ -102,13 +134,15 @@ Status make_directories(const std::string& command, const std::string& dir,
 }
 
 /// Writes every produced output as `<dir>/<name>.npy`, all or nothing: the directory (and missing
-/// parents) is created, the files are written as one set, and on failure every directory this call
-/// created is removed again. Prints one line per file written.
+/// parents) is created, the files are written as one set (npy::write_all: on failure the files
+/// previously there are as they were), and on failure every directory this call created is
+/// removed again. Prints one line per file written.
 int write_outputs(const std::string& command, const std::string& dir,
                   const std::vector<Output>& outputs) {
   std::vector<npy::OutputFile> files;
   for (const Output& output : outputs)
-    if (output.spec.produced) files.push_back({dir + "/" + output.name + ".npy", &output.array});
+    if (output.spec.produced)
+      files.push_back({dir + "/" + output.name + ".npy", &output.array, "--out-dir"});
   std::vector<std::string> created;
   Status s = make_directories(command, dir, &created);
   if (s.is_ok()) s = npy::write_all(files);
@@ -130,9 +164,11 @@ patterns '<u2', int8 '|i1', int32 '<i4', int64 '<i8'. expert_idx is int32 [N, K]
 const char* const kAllOrNothing =
     R"(Every output is computed before anything is written; the files are then written as one
 set into --out-dir (created if missing). On any error (a bad flag, an unreadable file, an input
-the operator rejects, a failed write) the message goes to stderr, the exit status is 2 and no file
-is written or left behind. Files of outputs that the configuration does not produce are neither
-written nor removed: use a fresh directory per configuration.)";
+the operator rejects, a failed write) the message goes to stderr, the exit status is 2, no file
+is written or left behind, and the files of a previous run in --out-dir are as they were. An
+output that is a FIFO or a device is written in place, one that is a symbolic link is written
+through; none is replaced by a regular file. Files of outputs that the configuration does not
+produce are neither written nor removed: use a fresh directory per configuration.)";
 
 // ------------------------------------------------------------------------------------------
 // golden init-routing-v2
@@ -211,9 +247,9 @@ CANN.
   int run(const ArgParser&) override {
     const std::string command = info().name;
     Input x, expert_idx;
-    Status s = x.read(x_path_);
+    Status s = x.read("--x", x_path_);
     if (!s.is_ok()) return report_error(s);
-    s = expert_idx.read(expert_idx_path_);
+    s = expert_idx.read("--expert-idx", expert_idx_path_);
     if (!s.is_ok()) return report_error(s);
     attrs_.expert_tokens_before_capacity_flag = before_capacity_flag_ != 0;
 
@@ -226,6 +262,9 @@ CANN.
     outputs.emplace_back("expanded_row_idx", plan.expanded_row_idx);
     outputs.emplace_back("expert_tokens_count_or_cumsum", plan.expert_tokens_count_or_cumsum);
     outputs.emplace_back("expert_tokens_before_capacity", plan.expert_tokens_before_capacity);
+    s = allocate_outputs(command, moe_init_routing_v2_workspace_size(plan, int(threads_)),
+                         &outputs);
+    if (!s.is_ok()) return report_error(s);
     s = moe_init_routing_v2(x.view(), expert_idx.view(), attrs_, outputs[0].view(),
                             outputs[1].view(), outputs[2].view(), outputs[3].view(),
                             exec_config(backend_, threads_));
@@ -344,14 +383,15 @@ expert_tokens_count_or_cumsum.npy (int64; [END - START] for --expert-tokens-num-
   int run(const ArgParser& parser) override {
     const std::string command = info().name;
     Input x, expert_idx, scale, offset, topk_weight;
-    const std::pair<Input*, const std::string*> inputs[] = {{&x, &x_path_},
-                                                            {&expert_idx, &expert_idx_path_},
-                                                            {&scale, &scale_path_},
-                                                            {&offset, &offset_path_},
-                                                            {&topk_weight, &topk_weight_path_}};
-    for (const auto& [input, path] : inputs) {
+    const std::tuple<Input*, const char*, const std::string*> inputs[] = {
+        {&x, "--x", &x_path_},
+        {&expert_idx, "--expert-idx", &expert_idx_path_},
+        {&scale, "--scale", &scale_path_},
+        {&offset, "--offset", &offset_path_},
+        {&topk_weight, "--topk-weight", &topk_weight_path_}};
+    for (const auto& [input, flag, path] : inputs) {
       if (path->empty()) continue;  // an optional input that was not given
-      const Status s = input->read(*path);
+      const Status s = input->read(flag, *path);
       if (!s.is_ok()) return report_error(s);
     }
     attrs_.expert_tokens_num_flag = num_flag_ != 0;
@@ -371,6 +411,8 @@ expert_tokens_count_or_cumsum.npy (int64; [END - START] for --expert-tokens-num-
     outputs.emplace_back("expert_tokens_count_or_cumsum", plan.expert_tokens_count_or_cumsum);
     outputs.emplace_back("expanded_scale", plan.expanded_scale);
     outputs.emplace_back("expanded_topk_weight", plan.expanded_topk_weight);
+    s = allocate_outputs(command, moe_init_routing_workspace_size(plan, int(threads_)), &outputs);
+    if (!s.is_ok()) return report_error(s);
     s = moe_init_routing(x.view(), expert_idx.view(), scale.view(), offset.view(),
                          topk_weight.view(), attrs_, outputs[0].view(), outputs[1].view(),
                          outputs[2].view(), outputs[3].view(), outputs[4].view(),

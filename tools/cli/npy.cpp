@@ -1,12 +1,13 @@
 #include "npy.h"
 
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <sstream>
+#include <stdexcept>
+
+#include "file_io.h"
 
 namespace moe_routing::npy {
 namespace {
@@ -18,6 +19,11 @@ constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicSize = 6;
 constexpr size_t kAlignment = 64;         // data offset of written files, as NumPy's
 constexpr size_t kGrowthAxisDigits = 21;  // header room NumPy leaves for the first axis
+// Headers of the arrays we accept take a few hundred bytes; the bound keeps a corrupt length
+// field (up to 4 GiB in versions 2.0 and 3.0) from becoming an allocation.
+constexpr size_t kMaxHeaderLength = 1 << 20;
+
+using file_io::file_error;
 
 struct DescrEntry {
   const char* descr;
@@ -35,11 +41,6 @@ std::string accepted_descrs() {
     text += std::string("'") + entry.descr + "' (" + dtype_name(entry.dtype) + ")";
   }
   return text;
-}
-
-template <typename... Parts>
-Status file_error(const std::string& name, const Parts&... parts) {
-  return invalid_argument("moe-routing: ", name, ": ", parts...);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -194,6 +195,25 @@ uint32_t read_le(const uint8_t* p, int bytes) {
   return value;
 }
 
+/// Sizes `bytes` to `count` bytes for `array` (`what`, its dtype and shape name it in messages),
+/// after checking that they fit in the memory available; an allocation failure is a Status too.
+Status allocate_bytes(uint64_t count, const std::string& label, const std::string& what,
+                      const Array& array, std::vector<uint8_t>* bytes) {
+  const std::string described =
+      what + ' ' + dtype_name(array.dtype) + ' ' + shape_text(array.shape);
+  MOE_ROUTING_RETURN_IF_ERROR(file_io::check_memory(count, label, described));
+  try {
+    bytes->resize(size_t(count));
+  } catch (const std::bad_alloc&) {
+    return runtime_error("moe-routing: ", label, ": ", described, " (", count,
+                         " bytes) must fit in memory, got an allocation failure");
+  } catch (const std::length_error&) {
+    return runtime_error("moe-routing: ", label, ": ", described, " (", count,
+                         " bytes) must fit in memory, got a size beyond the address space");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Array::Array(DType dtype_, std::vector<int64_t> shape_) : dtype(dtype_), shape(std::move(shape_)) {
@@ -220,35 +240,75 @@ const char* descr_for(DType dtype) {
   return nullptr;
 }
 
-Status parse(const std::vector<uint8_t>& file, const std::string& name, Array* out) {
-  if (file.size() < kMagicSize + 4)
-    return file_error(name, "file must be at least 10 bytes long (.npy preamble), got ",
-                      file.size(), " bytes");
-  if (std::memcmp(file.data(), kMagic, kMagicSize) != 0) {
-    std::ostringstream got;
+namespace {
+
+/// parse()'s file: bytes already in memory.
+class MemorySource {
+ public:
+  explicit MemorySource(const std::vector<uint8_t>& bytes) : bytes_(bytes) {}
+  int64_t size() const { return int64_t(bytes_.size()); }
+  Status read(void* out, size_t count, size_t* got) {
+    *got = std::min(count, bytes_.size() - position_);
+    if (*got > 0) std::memcpy(out, bytes_.data() + position_, *got);
+    position_ += *got;
+    return Status::ok();
+  }
+
+ private:
+  const std::vector<uint8_t>& bytes_;
+  size_t position_ = 0;
+};
+
+/// Decodes an .npy file from `source` (MemorySource or file_io::InputFile: size() is the total
+/// when known, else -1; read() gives fewer bytes than asked only at the end). Everything the
+/// header promises is checked before the data is read: the data's size against the file's when
+/// it is known, and against the memory available always, so a corrupt header or an endless stream
+/// (/dev/zero) is an error at once, not a read until memory runs out.
+template <typename Source>
+Status decode(Source& source, const std::string& name, Array* out) {
+  const int64_t total = source.size();
+  uint8_t preamble[kMagicSize + 2 + 4];
+  size_t got = 0;
+  MOE_ROUTING_RETURN_IF_ERROR(source.read(preamble, kMagicSize + 4, &got));
+  if (got < kMagicSize + 4)
+    return file_error(name, "file must be at least 10 bytes long (.npy preamble), got ", got,
+                      " bytes");
+  if (std::memcmp(preamble, kMagic, kMagicSize) != 0) {
+    std::ostringstream text;
     for (size_t i = 0; i < kMagicSize; ++i) {
-      const uint8_t c = file[i];
+      const uint8_t c = preamble[i];
       if (c >= 32 && c < 127)
-        got << char(c);
+        text << char(c);
       else
-        got << "\\x" << std::hex << (c >> 4) << (c & 15) << std::dec;
+        text << "\\x" << std::hex << (c >> 4) << (c & 15) << std::dec;
     }
     return file_error(name, "file must start with the .npy magic string \\x93NUMPY, got ",
-                      got.str(), " (not an .npy file)");
+                      text.str(), " (not an .npy file)");
   }
-  const int major = file[6], minor = file[7];
+  const int major = preamble[6], minor = preamble[7];
   if (minor != 0 || major < 1 || major > 3)
     return file_error(name, "format version must be 1.0, 2.0 or 3.0, got ", major, '.', minor);
   const size_t length_bytes = major == 1 ? 2 : 4;
-  if (file.size() < 8 + length_bytes)
-    return file_error(name, "file must hold the header length, got ", file.size(), " bytes");
-  const size_t header_length = read_le(file.data() + 8, int(length_bytes));
+  if (length_bytes == 4) {
+    MOE_ROUTING_RETURN_IF_ERROR(source.read(preamble + kMagicSize + 4, 2, &got));
+    if (got < 2)
+      return file_error(name, "file must hold the header length, got ", kMagicSize + 4 + got,
+                        " bytes");
+  }
+  const size_t header_length = read_le(preamble + 8, int(length_bytes));
   const size_t data_offset = 8 + length_bytes + header_length;
-  if (data_offset > file.size())
+  if (total >= 0 && data_offset > uint64_t(total))
     return file_error(name, "header must fit in the file (", header_length,
-                      " bytes declared), got a file of ", file.size(), " bytes (truncated file)");
-  const std::string header(reinterpret_cast<const char*>(file.data()) + 8 + length_bytes,
-                           header_length);
+                      " bytes declared), got a file of ", total, " bytes (truncated file)");
+  if (header_length > kMaxHeaderLength)
+    return file_error(name, "header must be at most ", kMaxHeaderLength, " bytes long, got ",
+                      header_length, " bytes declared");
+  std::string header(header_length, '\0');
+  MOE_ROUTING_RETURN_IF_ERROR(source.read(header.data(), header_length, &got));
+  if (got < header_length)
+    return file_error(name, "header must fit in the file (", header_length,
+                      " bytes declared), got a file of ", 8 + length_bytes + got,
+                      " bytes (truncated file)");
 
   std::vector<std::pair<std::string, HeaderValue>> entries;
   std::string parse_error;
@@ -314,131 +374,128 @@ Status parse(const std::vector<uint8_t>& file, const std::string& name, Array* o
     if (!zero) expected *= uint64_t(extent);
   }
   if (zero) expected = 0;
-  const uint64_t actual = file.size() - data_offset;
-  if (actual != expected)
+  auto size_error = [&](uint64_t actual, const char* more) {
     return file_error(name, "data must be ", expected, " bytes for ", dtype_name(entry->dtype), ' ',
-                      shape_text(shape->numbers), ", got ", actual, " bytes",
-                      actual < expected ? " (truncated file)" : " (trailing bytes)");
+                      shape_text(shape->numbers), ", got ", actual, more,
+                      actual < expected ? " bytes (truncated file)" : " bytes (trailing bytes)");
+  };
+  if (total >= 0 && uint64_t(total) - data_offset != expected)
+    return size_error(uint64_t(total) - data_offset, "");
 
   Array result;
   result.dtype = entry->dtype;
   result.shape = shape->numbers;
-  result.bytes.assign(file.begin() + std::ptrdiff_t(data_offset), file.end());
+  MOE_ROUTING_RETURN_IF_ERROR(allocate_bytes(expected, name, "data", result, &result.bytes));
+  MOE_ROUTING_RETURN_IF_ERROR(source.read(result.bytes.data(), expected, &got));
+  if (got < expected) return size_error(got, "");
+  if (total < 0) {  // a stream: its end must come right after the data
+    uint8_t extra;
+    MOE_ROUTING_RETURN_IF_ERROR(source.read(&extra, 1, &got));
+    if (got > 0) return size_error(expected + 1, " or more");
+  }
   *out = std::move(result);
-  return Status::ok();
-}
-
-Status read(const std::string& path, Array* out) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr)
-    return file_error(path, "file must be readable, got '", std::strerror(errno), "'");
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[1 << 16];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0)
-    bytes.insert(bytes.end(), chunk, chunk + got);
-  const bool failed = std::ferror(f) != 0;
-  const int saved_errno = errno;
-  std::fclose(f);
-  if (failed)
-    return file_error(path, "file must be readable, got '", std::strerror(saved_errno), "'");
-  return parse(bytes, path, out);
-}
-
-Status encode(const Array& array, const std::string& name, std::vector<uint8_t>* file) {
-  const char* descr = descr_for(array.dtype);
-  if (descr == nullptr)
-    return file_error(name, "dtype must be one of ", accepted_descrs(), ", got ",
-                      dtype_name(array.dtype));
-  if (array.shape.size() > size_t(kMaxDims))
-    return file_error(name, "shape must have at most ", kMaxDims, " dimensions, got ",
-                      array.shape.size());
-  for (int64_t extent : array.shape)
-    if (extent < 0)
-      return file_error(name, "shape must be non-negative, got ", shape_text(array.shape));
-  const uint64_t expected = uint64_t(array.numel()) * dtype_size(array.dtype);
-  if (array.bytes.size() != expected)
-    return file_error(name, "data must be ", expected, " bytes for ", dtype_name(array.dtype), ' ',
-                      shape_text(array.shape), ", got ", array.bytes.size(), " bytes");
-
-  // Byte for byte what NumPy's np.save writes: keys in sorted order, 21 - digits(shape[0]) spaces
-  // of room for growing the first axis in place, then spaces and '\n' up to the next multiple of
-  // 64 (a whole 64 more when already aligned, as NumPy does).
-  std::string header = std::string("{'descr': '") + descr +
-                       "', 'fortran_order': False, 'shape': " + shape_text(array.shape) + ", }";
-  if (!array.shape.empty()) {
-    const size_t digits = std::to_string(array.shape[0]).size();
-    if (digits < kGrowthAxisDigits) header.append(kGrowthAxisDigits - digits, ' ');
-  }
-  const size_t preamble = kMagicSize + 2 + 2;
-  header.append(kAlignment - (preamble + header.size() + 1) % kAlignment, ' ');
-  header += '\n';
-  if (header.size() > 65535)
-    return file_error(name, "header must fit format 1.0 (65535 bytes), got ", header.size());
-  const size_t total = preamble + header.size();
-
-  file->clear();
-  file->reserve(total + array.bytes.size());
-  file->insert(file->end(), kMagic, kMagic + kMagicSize);
-  file->push_back(1);
-  file->push_back(0);
-  file->push_back(uint8_t(header.size() & 0xff));
-  file->push_back(uint8_t(header.size() >> 8));
-  file->insert(file->end(), header.begin(), header.end());
-  file->insert(file->end(), array.bytes.begin(), array.bytes.end());
-  return Status::ok();
-}
-
-namespace {
-
-/// Writes `bytes` to `<path>.tmp` and flushes it to disk; removes the temporary on failure.
-Status write_temporary(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const std::string temporary = path + ".tmp";
-  std::FILE* f = std::fopen(temporary.c_str(), "wb");
-  if (f == nullptr)
-    return file_error(path, "output must be writable, got '", std::strerror(errno), "'");
-  // Each step runs only if the previous ones succeeded; errno is kept from the first failure.
-  int saved_errno = 0;
-  auto step = [&](bool succeeded) {
-    if (!succeeded && saved_errno == 0) saved_errno = errno != 0 ? errno : EIO;
-  };
-  errno = 0;
-  step(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size());
-  if (saved_errno == 0) step(std::fflush(f) == 0);
-  if (saved_errno == 0) step(::fsync(fileno(f)) == 0);
-  step(std::fclose(f) == 0);
-  if (saved_errno != 0) {
-    std::remove(temporary.c_str());
-    return file_error(path, "output must be writable, got '", std::strerror(saved_errno), "'");
-  }
   return Status::ok();
 }
 
 }  // namespace
 
-Status write(const std::string& path, const Array& array) { return write_all({{path, &array}}); }
+Status parse(const std::vector<uint8_t>& file, const std::string& name, Array* out) {
+  MemorySource source(file);
+  return decode(source, name, out);
+}
+
+Status read(const std::string& path, Array* out, const std::string& flag) {
+  file_io::InputFile file;
+  MOE_ROUTING_RETURN_IF_ERROR(file.open(path, file_io::label(flag, path)));
+  return decode(file, file.label(), out);
+}
+
+Status allocate(DType dtype, std::vector<int64_t> shape, const std::string& label,
+                const std::string& name, Array* out) {
+  Array result;
+  result.dtype = dtype;
+  result.shape = std::move(shape);
+  MOE_ROUTING_RETURN_IF_ERROR(allocate_bytes(uint64_t(result.numel()) * dtype_size(dtype), label,
+                                             name, result, &result.bytes));
+  *out = std::move(result);
+  return Status::ok();
+}
+
+Status encode_header(DType dtype, const std::vector<int64_t>& shape, const std::string& name,
+                     std::string* header) {
+  const char* descr = descr_for(dtype);
+  if (descr == nullptr)
+    return file_error(name, "dtype must be one of ", accepted_descrs(), ", got ",
+                      dtype_name(dtype));
+  if (shape.size() > size_t(kMaxDims))
+    return file_error(name, "shape must have at most ", kMaxDims, " dimensions, got ",
+                      shape.size());
+  for (int64_t extent : shape)
+    if (extent < 0) return file_error(name, "shape must be non-negative, got ", shape_text(shape));
+
+  // Byte for byte what NumPy's np.save writes: keys in sorted order, 21 - digits(shape[0]) spaces
+  // of room for growing the first axis in place, then spaces and '\n' up to the next multiple of
+  // 64 (a whole 64 more when already aligned, as NumPy does).
+  std::string dict = std::string("{'descr': '") + descr +
+                     "', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
+  if (!shape.empty()) {
+    const size_t digits = std::to_string(shape[0]).size();
+    if (digits < kGrowthAxisDigits) dict.append(kGrowthAxisDigits - digits, ' ');
+  }
+  const size_t preamble = kMagicSize + 2 + 2;
+  dict.append(kAlignment - (preamble + dict.size() + 1) % kAlignment, ' ');
+  dict += '\n';
+  if (dict.size() > 65535)
+    return file_error(name, "header must fit format 1.0 (65535 bytes), got ", dict.size());
+
+  header->assign(kMagic, kMagicSize);
+  *header += char(1);
+  *header += char(0);
+  *header += char(dict.size() & 0xff);
+  *header += char(dict.size() >> 8);
+  *header += dict;
+  return Status::ok();
+}
+
+namespace {
+
+/// The header of `array`, whose bytes must be as many as its dtype and shape say.
+Status array_header(const Array& array, const std::string& name, std::string* header) {
+  MOE_ROUTING_RETURN_IF_ERROR(encode_header(array.dtype, array.shape, name, header));
+  const uint64_t expected = uint64_t(array.numel()) * dtype_size(array.dtype);
+  if (array.bytes.size() != expected)
+    return file_error(name, "data must be ", expected, " bytes for ", dtype_name(array.dtype), ' ',
+                      shape_text(array.shape), ", got ", array.bytes.size(), " bytes");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status encode(const Array& array, const std::string& name, std::vector<uint8_t>* file) {
+  std::string header;
+  MOE_ROUTING_RETURN_IF_ERROR(array_header(array, name, &header));
+  file->assign(header.begin(), header.end());
+  file->insert(file->end(), array.bytes.begin(), array.bytes.end());
+  return Status::ok();
+}
+
+Status write(const std::string& path, const Array& array, const std::string& flag) {
+  return write_all({{path, &array, flag}});
+}
 
 Status write_all(const std::vector<OutputFile>& files) {
-  // Encode everything first: an unencodable array fails before any file is touched.
-  std::vector<std::vector<uint8_t>> encoded(files.size());
-  for (size_t i = 0; i < files.size(); ++i)
-    MOE_ROUTING_RETURN_IF_ERROR(encode(*files[i].array, files[i].path, &encoded[i]));
+  // Headers first: an unencodable array fails before any file is touched. The data is written
+  // from the arrays themselves (no file image: an output is never held twice in memory).
+  std::vector<std::string> headers(files.size());
+  std::vector<file_io::OutputFile> outputs(files.size());
   for (size_t i = 0; i < files.size(); ++i) {
-    const Status written = write_temporary(files[i].path, encoded[i]);
-    if (!written.is_ok()) {
-      for (size_t j = 0; j < i; ++j) std::remove((files[j].path + ".tmp").c_str());
-      return written;
-    }
+    outputs[i].path = files[i].path;
+    outputs[i].label = file_io::label(files[i].flag, files[i].path);
+    MOE_ROUTING_RETURN_IF_ERROR(array_header(*files[i].array, outputs[i].label, &headers[i]));
+    outputs[i].pieces = {{headers[i].data(), headers[i].size()},
+                         {files[i].array->bytes.data(), files[i].array->bytes.size()}};
   }
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (std::rename((files[i].path + ".tmp").c_str(), files[i].path.c_str()) == 0) continue;
-    const int saved_errno = errno;
-    for (size_t j = 0; j < i; ++j) std::remove(files[j].path.c_str());
-    for (size_t j = i; j < files.size(); ++j) std::remove((files[j].path + ".tmp").c_str());
-    return file_error(files[i].path, "output must be writable, got '", std::strerror(saved_errno),
-                      "'");
-  }
-  return Status::ok();
+  return file_io::write_all(outputs);
 }
 
 }  // namespace moe_routing::npy

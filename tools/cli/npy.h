@@ -10,9 +10,10 @@
 //
 // Anything else (big-endian, Fortran order, other descrs, structured types, more than kMaxDims
 // dimensions, short or over-long data) is an invalid_argument Status whose message reads
-// `moe-routing: <file>: <what> <constraint>, got <actual>`. 0-d and empty arrays are supported.
-// Writes are atomic: the bytes go to `<path>.tmp`, which is renamed onto `<path>` only once
-// complete, so a failed write never leaves a partial output behind.
+// `moe-routing: <flag> <file>: <what> <constraint>, got <actual>`. 0-d and empty arrays are
+// supported. A header is checked whole, and the size it promises against the file's size and the
+// memory available, before any data is read. Writes go through file_io::write_all(): all or
+// nothing, regular files replaced atomically, FIFOs, devices and symbolic links written through.
 #pragma once
 
 #include <cstdint>
@@ -46,27 +47,37 @@ const char* descr_for(DType dtype);
 
 /// Parses the contents of an .npy file. `name` (usually the path) prefixes every error message.
 Status parse(const std::vector<uint8_t>& file_bytes, const std::string& name, Array* out);
-/// Reads and parses an .npy file.
-Status read(const std::string& path, Array* out);
+/// Reads and parses an .npy file: a regular file, or a stream (FIFO, device) read up to its end.
+/// Messages name the file as `<flag> <path>` (the path alone when `flag` is empty).
+Status read(const std::string& path, Array* out, const std::string& flag = "");
 
-/// Encodes an array as an .npy file: format 1.0, data starting at a multiple of 64 bytes, the
-/// same bytes NumPy's np.save writes for the array. `name` prefixes error messages.
+/// A zero-filled array, allocated only after checking that it fits in the memory available (an
+/// overcommitted allocation would succeed and the process be killed when the zeros are written).
+/// Errors read `moe-routing: <label>: <name> <dtype> <shape> (...) must fit in the memory
+/// available, got ...`.
+Status allocate(DType dtype, std::vector<int64_t> shape, const std::string& label,
+                const std::string& name, Array* out);
+
+/// The preamble and header of the .npy file of an array of `dtype` and `shape`: format 1.0, data
+/// starting at a multiple of 64 bytes, as NumPy's np.save writes them. `name` prefixes error
+/// messages.
+Status encode_header(DType dtype, const std::vector<int64_t>& shape, const std::string& name,
+                     std::string* header);
+/// The whole .npy file of an array: encode_header() then the data.
 Status encode(const Array& array, const std::string& name, std::vector<uint8_t>* file_bytes);
-/// Encodes and writes atomically (`<path>.tmp`, then rename). On error `path` is untouched.
-Status write(const std::string& path, const Array& array);
+/// Writes one array (write_all() of one file). On error `path` is untouched.
+Status write(const std::string& path, const Array& array, const std::string& flag = "");
 
 /// One file of a write_all() set.
 struct OutputFile {
   std::string path;
   const Array* array = nullptr;
+  std::string flag;  // the flag that named the file, for messages ("--out"; may be empty)
 };
 
-/// Writes several arrays as one unit: every file is encoded and written completely to
-/// `<path>.tmp` first, and only then are the temporaries renamed onto their paths. On error no
-/// temporary remains; if the failure came before the renames (encoding, a full disk, an
-/// unwritable directory) every file previously at the paths is untouched, and if a rename fails
-/// (rare: each temporary sits beside its path) the files already renamed are removed, so a
-/// partial set never remains.
+/// Writes several arrays as one set with file_io::write_all() (see there: all of them appear or
+/// none of the previous files changes, no temporary remains). The data goes from each array to
+/// its file directly, never through a second copy in memory.
 Status write_all(const std::vector<OutputFile>& files);
 
 }  // namespace moe_routing::npy
