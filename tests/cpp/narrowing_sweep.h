@@ -42,6 +42,7 @@ inline float pattern_float(uint32_t bits) {
 /// Blocks of this many consecutive bit patterns are handed to the threads one at a time. A block
 /// shares its top 16 bits, so every pattern of a block has the same exponent (and sign).
 constexpr int64_t kSweepBlock = int64_t(1) << 16;
+constexpr size_t kSweepBlockSize = size_t(kSweepBlock);
 
 /// Whether a block (kSweepBlock patterns from `first`) holds NaN or denormal patterns: only the
 /// blocks of exponent 0xff or 0 do, so the other 99% skip the per-element special cases.
@@ -70,6 +71,10 @@ struct Tally {
         record(first + uint32_t(i), got[i], expected[i], uint64_t(bad));
         return;
       }
+  }
+  /// Whether the tally saw each of the 2^32 patterns exactly once.
+  bool covers_every_pattern() const {
+    return compared == kAllPatterns - kNanPatterns && nans == kNanPatterns;
   }
   void merge(const Tally& other) {
     compared += other.compared;

@@ -18,42 +18,46 @@
 namespace moe_routing {
 namespace {
 
-using testing::kAllPatterns;
-using testing::kNanPatterns;
 using testing::Tally;
-constexpr size_t kBlock = size_t(testing::kSweepBlock);
 
-void expect_every_pattern_compared(const Tally& t) {
-  EXPECT_EQ(t.compared, kAllPatterns - kNanPatterns);
-  EXPECT_EQ(t.nans, kNanPatterns);
+/// Every float32 pattern through `narrow` (a scalar narrowing of dtype.h), against
+/// reference(first, inputs, count, expected) block by block.
+template <class Narrow, class Reference>
+Tally sweep_scalar(Narrow narrow, Reference reference) {
+  return testing::sweep_every_float32(1, [&](uint32_t first, const float* in, int64_t n, Tally* t) {
+    thread_local std::vector<uint16_t> got(testing::kSweepBlockSize),
+        expected(testing::kSweepBlockSize);
+    reference(first, in, n, expected.data());
+    for (int64_t i = 0; i < n; ++i) got[size_t(i)] = narrow(in[i]);
+    t[0].add_block(first, got.data(), expected.data(), n);
+  })[0];
+}
+
+void expect_no_mismatch_over_every_pattern(const char* what, const Tally& tally) {
+  EXPECT_EQ(tally.mismatches, 0u) << testing::describe(what, tally);
+  EXPECT_TRUE(tally.covers_every_pattern())
+      << what << ": " << tally.compared << " non-NaN and " << tally.nans << " NaN inputs compared";
 }
 
 TEST(ExhaustiveNarrowing, Float16MatchesF16cForEveryFloat32) {
   if (!testing::cpu_has_f16c())
     GTEST_SKIP() << "this CPU has no F16C, the hardware reference of the float16 narrowing";
-  const std::vector<Tally> tallies =
-      testing::sweep_every_float32(1, [](uint32_t first, const float* in, int64_t n, Tally* t) {
-        thread_local std::vector<uint16_t> got(kBlock), expected(kBlock);
-        testing::reference_float16(first, in, n, expected.data());
-        for (int64_t i = 0; i < n; ++i) got[size_t(i)] = float_to_fp16(in[i]);
-        t[0].add_block(first, got.data(), expected.data(), n);
-      });
-  EXPECT_EQ(tallies[0].mismatches, 0u) << testing::describe("float_to_fp16", tallies[0]);
-  expect_every_pattern_compared(tallies[0]);
+  expect_no_mismatch_over_every_pattern(
+      "float_to_fp16", sweep_scalar([](float v) { return float_to_fp16(v); },
+                                    [](uint32_t first, const float* in, int64_t n, uint16_t* out) {
+                                      testing::reference_float16(first, in, n, out);
+                                    }));
 }
 
 TEST(ExhaustiveNarrowing, Bfloat16MatchesTheHardwareOrAnExactModelForEveryFloat32) {
   const bool hardware = testing::cpu_has_avx512_bf16();
   std::printf("bfloat16 reference: %s\n", testing::bfloat16_reference_name(hardware));
-  const std::vector<Tally> tallies = testing::sweep_every_float32(
-      1, [hardware](uint32_t first, const float* in, int64_t n, Tally* t) {
-        thread_local std::vector<uint16_t> got(kBlock), expected(kBlock);
-        testing::reference_bfloat16(first, in, n, hardware, expected.data());
-        for (int64_t i = 0; i < n; ++i) got[size_t(i)] = float_to_bf16(in[i]);
-        t[0].add_block(first, got.data(), expected.data(), n);
-      });
-  EXPECT_EQ(tallies[0].mismatches, 0u) << testing::describe("float_to_bf16", tallies[0]);
-  expect_every_pattern_compared(tallies[0]);
+  expect_no_mismatch_over_every_pattern(
+      "float_to_bf16",
+      sweep_scalar([](float v) { return float_to_bf16(v); },
+                   [hardware](uint32_t first, const float* in, int64_t n, uint16_t* out) {
+                     testing::reference_bfloat16(first, in, n, hardware, out);
+                   }));
 }
 
 // The references themselves, on values whose results are known, so that a broken reference
