@@ -82,8 +82,13 @@ venv: $(VENV)/.installed
 python: venv
 	$(VENV_PY) -m pip install -q --no-build-isolation --no-deps .
 
+# TorchInductor's compiled-code cache is per checkout: the default, /tmp/torchinductor_$USER, is
+# shared by every checkout of the machine, and its keys do not cover our operators' schemas, so a
+# checkout whose operators differ (another branch) got code calling them with the wrong arguments.
 test-python: python build
-	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
+	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing \
+	  TORCHINDUCTOR_CACHE_DIR=$(abspath $(BUILD_DIR))/torchinductor-cache \
+	  ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
 
 test: format-check test-cpp test-asan test-tsan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"
