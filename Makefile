@@ -4,8 +4,13 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 
-BUILD_DIR ?= build
-ASAN_BUILD_DIR ?= build-asan
+# The build trees, their flags and their test settings are CMakePresets.json's configure, build
+# and test presets (release, asan, tsan, fuzz, cuda); the recipes below call them, so a plain
+# `cmake --preset asan && cmake --build --preset asan && ctest --preset asan` is the same build.
+# The directories are the presets' binaryDir.
+BUILD_DIR := build
+ASAN_BUILD_DIR := build-asan
+TSAN_BUILD_DIR := build-tsan
 JOBS ?= $(shell nproc)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := cmake ninja-build g++ libgtest-dev libgmock-dev python3-venv clang libclang-rt-14-dev \
@@ -18,14 +23,14 @@ VENV_PY := $(VENV)/bin/python
 # torch is pinned to the CPU build this machine kind has on disk.
 PY_PACKAGES := torch==2.13.0 numpy pytest scikit-build-core ninja matplotlib
 
-.PHONY: all deps build build-asan test test-cpp test-asan test-python venv python demo clean help \
-  format format-check
+.PHONY: all deps build build-asan build-tsan test test-cpp test-asan test-tsan test-python venv \
+  python demo clean help format format-check
 
 all: build
 
 help:
 	@echo "make demo   install, build and run the main job (moe-routing demo, then the Python MoE example)"
-	@echo "make test   install, build and run every test suite (also under ASan+UBSan)"
+	@echo "make test   install, build and run every test suite (also under ASan+UBSan and TSan)"
 	@echo "make build  configure and build into $(BUILD_DIR)/"
 	@echo "make clean  remove build trees"
 
@@ -40,20 +45,29 @@ deps:
 	fi
 
 build: deps
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
-	cmake --build $(BUILD_DIR) -j $(JOBS)
+	cmake --preset release $(CMAKE_FLAGS) >/dev/null
+	cmake --build --preset release -j $(JOBS)
 
 build-asan: deps
-	cmake -S . -B $(ASAN_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DMOE_ROUTING_SANITIZE=ON $(CMAKE_FLAGS) >/dev/null
-	cmake --build $(ASAN_BUILD_DIR) -j $(JOBS)
+	cmake --preset asan $(CMAKE_FLAGS) >/dev/null
+	cmake --build --preset asan -j $(JOBS)
 
 test-cpp: build
-	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+	ctest --preset release -j $(JOBS)
 
+# ASAN_OPTIONS / UBSAN_OPTIONS come from the preset.
 test-asan: build-asan
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir $(ASAN_BUILD_DIR) --output-on-failure -j $(JOBS)
+	ctest --preset asan -j $(JOBS)
+
+# ThreadSanitizer (its own tree: TSan and ASan exclude each other): the thread pool, the C ABI
+# called from several threads, and the tests whose kernels really run on several threads (the
+# test preset `tsan` lists them); tsan.detects_a_race checks that a deliberate race is reported.
+build-tsan: deps
+	cmake --preset tsan $(CMAKE_FLAGS) >/dev/null
+	cmake --build --preset tsan -j $(JOBS)
+
+test-tsan: build-tsan
+	ctest --preset tsan -j $(JOBS)
 
 # Python: a local virtual environment, the package installed into it (scikit-build-core drives
 # CMake; its build tree build/python/ is reused between runs).
@@ -69,12 +83,16 @@ python: venv
 	$(VENV_PY) -m pip install -q --no-build-isolation --no-deps .
 
 # tests/python: the package's suites; tests/adversarial/python: calls an adversary would make
-# (issue 17), each once accepted with a wrong result.
+# (issue 17), each once accepted with a wrong result. TorchInductor's compiled-code cache is per
+# checkout: the default, /tmp/torchinductor_$USER, is shared by every checkout of the machine, and
+# its keys do not cover our operators' schemas, so a checkout whose operators differ (another
+# branch) got code calling them with the wrong arguments.
 test-python: python build
-	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider . \
-	  ../adversarial/python
+	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing \
+	  TORCHINDUCTOR_CACHE_DIR=$(abspath $(BUILD_DIR))/torchinductor-cache \
+	  ../../$(VENV_PY) -m pytest -q -p no:cacheprovider . ../adversarial/python
 
-test: format-check test-cpp test-asan test-python fuzz test-cuda-build
+test: format-check test-cpp test-asan test-tsan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"
 
 # libFuzzer on the C ABI (fuzz/fuzz_c_api.cpp), built with clang, ASan and UBSan in its own tree:
@@ -82,15 +100,14 @@ test: format-check test-cpp test-asan test-python fuzz test-cuda-build
 # the committed seeds (fuzz/corpus/; new inputs go to $(FUZZ_BUILD_DIR)/corpus). A crash, leak,
 # sanitizer report, timeout or oracle failure exits non-zero and leaves the input in
 # $(FUZZ_BUILD_DIR)/ (crash-*, leak-*, timeout-*).
-FUZZ_BUILD_DIR ?= build-fuzz
+FUZZ_BUILD_DIR := build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 .PHONY: fuzz
 fuzz: deps
-	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DMOE_ROUTING_FUZZ=ON -DMOE_ROUTING_BUILD_TESTS=OFF -DMOE_ROUTING_BUILD_CLI=OFF >/dev/null
-	cmake --build $(FUZZ_BUILD_DIR) -j $(JOBS) --target fuzz_c_api
+	cmake --preset fuzz >/dev/null
+	cmake --build --preset fuzz -j $(JOBS)
 	shopt -s nullglob; regressions=(fuzz/regressions/*.bin); \
 	if [ $${#regressions[@]} -gt 0 ]; then \
 	  echo "== replaying $${#regressions[@]} regression input(s)"; \
@@ -117,13 +134,13 @@ format-check: deps
 	tools/checks/format_check.sh
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) build/python
+	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) $(TSAN_BUILD_DIR) $(FUZZ_BUILD_DIR) $(CUDA_BUILD_DIR) build/python
 
 # The CUDA backend (docs/cuda.md) built with this machine's nvcc for sm_90 (H100/H200) in its own
 # tree, and every suite run there: CUDA code that stops compiling or linking fails `make test`
 # even without a GPU. Without a GPU the GPU tests skip, saying so; the CPU tests and the kernels'
 # logic on the CPU (test_cuda_host.cpp) still run.
-CUDA_BUILD_DIR ?= build-cuda
+CUDA_BUILD_DIR := build-cuda
 # These C ABI rows assert that the C++ API rejects cuda tensors ("device must be cpu in this
 # build"), true only in builds without CUDA; with CUDA the C++ API runs them while the C ABI still
 # rejects them. Excluded here until the C ABI and its test learn about CUDA builds.
@@ -133,7 +150,6 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 .PHONY: test-cuda-build
 test-cuda-build: deps
 	@[ -x "$(NVCC)" ] || { echo "make test-cuda-build: nvcc must be installed (the CUDA toolkit), got none at $(NVCC)" >&2; exit 1; }
-	cmake -S . -B $(CUDA_BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_ROUTING_CUDA=ON \
-	  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_COMPILER=$(NVCC) $(CMAKE_FLAGS) >/dev/null
-	cmake --build $(CUDA_BUILD_DIR) -j $(JOBS)
-	ctest --test-dir $(CUDA_BUILD_DIR) --output-on-failure -j $(JOBS) -E '$(CUDA_BUILD_EXCLUDED_TESTS)'
+	cmake --preset cuda -DCMAKE_CUDA_COMPILER=$(NVCC) $(CMAKE_FLAGS) >/dev/null
+	cmake --build --preset cuda -j $(JOBS)
+	ctest --preset cuda -j $(JOBS) -E '$(CUDA_BUILD_EXCLUDED_TESTS)'

@@ -3,9 +3,10 @@
  * order a CANN aclnn program takes: describe the tensors, ask for the workspace size, allocate
  * the workspace, run, read the result back, release everything.
  *
- * The input is the spec's worked example G1 (dropless, top_k = 3, float32), run once in each
- * accumulation order; the two orders give different bits for row 0, column 0. The program checks
- * every element exactly and exits with 1 on any mismatch or error.
+ * The input is the worked example G1 of docs/spec/moe_init_routing.md §1.10 (dropless,
+ * top_k = 3, float32), run once in each accumulation order; the two orders give different bits
+ * for row 0, column 0. The program checks every element exactly and exits with 1 on any mismatch
+ * or error.
  *
  * Build: cc -std=c99 grad_example.c -lmoe_routing -lstdc++ -lpthread (or through CMake:
  * target_link_libraries(app PRIVATE moe_routing::moe_routing)).
@@ -98,7 +99,8 @@ cleanup:
 }
 
 int main(void) {
-  /* Spec G1: grad_expanded_x rows g0..g5 and the forward's expanded_row_idx. */
+  /* G1 (docs/spec/moe_init_routing.md §1.10): grad_expanded_x rows g0..g5 and the forward's
+     expanded_row_idx. */
   const float grad_expanded_x[kPairs * kHidden] = {-1.0f,    0.5f,   /* g0 */
                                                    0.5f,     0.5f,   /* g1 */
                                                    0x1p-30f, 0.25f,  /* g2 */

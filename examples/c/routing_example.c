@@ -4,8 +4,9 @@
  * allocate the workspace, run, read the results, release everything. Unlike the backward, the
  * forward needs a workspace (its sort's scratch): phase two then allocates nothing.
  *
- * The input is the spec's worked example F1 (dropless, active_num = 3, cumsum counts, float32).
- * The program checks every output exactly and exits with 1 on any mismatch or error.
+ * The input is the worked example F1 of docs/spec/moe_init_routing.md §2.6 (dropless,
+ * active_num = 3, cumsum counts, float32). The program checks every output exactly and exits
+ * with 1 on any mismatch or error.
  *
  * Build: cc -std=c99 routing_example.c -lmoe_routing -lstdc++ -lpthread (or through CMake:
  * target_link_libraries(app PRIVATE moe_routing::moe_routing)).
@@ -30,7 +31,7 @@
 enum { kTokens = 3, kTopK = 2, kHidden = 2, kExperts = 3, kActive = 3 };
 
 int main(void) {
-  /* Spec F1. */
+  /* F1 (docs/spec/moe_init_routing.md §2.6). */
   const float x_host[kTokens * kHidden] = {1.0f, 1.5f, 2.0f, 2.5f, 3.0f, 3.5f};
   const int32_t expert_idx_host[kTokens * kTopK] = {1, 0, 2, 1, 0, 2};
   const float expected_x[kActive * kHidden] = {1.0f, 1.5f, 3.0f, 3.5f, 1.0f, 1.5f};

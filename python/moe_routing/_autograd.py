@@ -1,6 +1,6 @@
 """Autograd for the forward operators: the backward of x runs our moe_init_routing_grad operator.
 
-Beyond CANN (DECISIONS.md §13) every non-quantised forward is differentiable: dropless,
+Beyond CANN (docs/decisions.md §13) every non-quantised forward is differentiable: dropless,
 active_num truncation, drop-pad, partial active_expert_range, row_idx_type 0 and 1; topk_weight
 and the quant_mode -1 scale get gradients through expanded_topk_weight / expanded_scale (the same
 operator with top_k 1 and K respectively). The index conversions below are a few integer tensor

@@ -1,7 +1,8 @@
-"""Plain-PyTorch statements of the spec, used as the reference in the Python tests.
+"""Plain-PyTorch statements of the specification, used as the reference in the Python tests.
 
-Written from the spec (shared/spec/cann_moe_routing_spec.md §1.6, §1.7, §2.4, §3.2), with torch
-indexing and float32 element-wise adds only (exact IEEE operations, no reassociation).
+Written from docs/spec/moe_init_routing.md §1.6, §1.7, §2.4, §3.2, with docs/decisions.md's choices
+where CANN leaves behaviour undefined, using torch indexing and float32 element-wise adds only
+(exact IEEE operations, no reassociation).
 """
 from __future__ import annotations
 

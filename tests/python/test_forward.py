@@ -1,5 +1,6 @@
-"""moe_init_routing_v2 and moe_init_routing through torch: the spec's examples, a plain-PyTorch
-statement of the spec (reference.py) bit for bit, errors and their exception types."""
+"""moe_init_routing_v2 and moe_init_routing through torch: the worked examples of
+docs/spec/moe_init_routing.md, a plain-PyTorch statement of it (reference.py) bit for bit, errors
+and their exception types."""
 import itertools
 
 import pytest

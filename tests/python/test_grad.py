@@ -1,5 +1,6 @@
-"""moe_init_routing_grad through torch: the seed's and spec's examples, the plain-PyTorch
-reference bit for bit, errors and their Python exception types, non-contiguous inputs."""
+"""moe_init_routing_grad through torch: the seed's examples and those of
+docs/spec/moe_init_routing.md §1.10, the plain-PyTorch reference bit for bit, errors and their
+Python exception types, non-contiguous inputs."""
 import pytest
 import torch
 

@@ -1,0 +1,54 @@
+// The AVX2 grad kernel's narrowing primitives (Avx2Ops::narrow_fp16, round_bf16_high and
+// canonical_fp32 in src/cpu/grad_kernel_avx2.cpp, reached through narrowing_avx2_kernel_copy.cpp)
+// against the x86 hardware conversions for all 2^32 float32 bit patterns, with the references of
+// test_narrowing_exhaustive.cpp: F16C for float16, AVX512_BF16 or the exact model for bfloat16,
+// the canonical quiet NaN for NaN inputs (docs/decisions.md §4), the input itself for the float32
+// store. This file is compiled for the baseline ISA and calls the AVX2 code only on a CPU that
+// has AVX2 and F16C (the library's own check).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+
+#include "moe_routing/tensor.h"
+#include "narrowing_sweep.h"
+
+namespace moe_routing {
+namespace {
+
+using testing::Tally;
+
+TEST(ExhaustiveNarrowing, Avx2KernelNarrowingMatchesTheHardwareForEveryFloat32) {
+  if (!cpu_isa_available(CpuIsa::avx2))
+    GTEST_SKIP() << "this CPU has no AVX2 + F16C: the library never runs its AVX2 kernels here";
+  const bool hardware_bf16 = testing::cpu_has_avx512_bf16();
+  std::printf("bfloat16 reference: %s\n", testing::bfloat16_reference_name(hardware_bf16));
+  const std::vector<Tally> tallies = testing::sweep_every_float32(
+      3, [hardware_bf16](uint32_t first, const float* in, int64_t n, Tally* t) {
+        thread_local std::vector<uint16_t> float16(testing::kSweepBlockSize),
+            bfloat16(testing::kSweepBlockSize), expected16(testing::kSweepBlockSize),
+            expected_bf(testing::kSweepBlockSize);
+        thread_local std::vector<uint32_t> float32(testing::kSweepBlockSize),
+            expected32(testing::kSweepBlockSize);
+        testing::avx2_kernel_narrowing(in, n, float16.data(), bfloat16.data(), float32.data());
+        testing::reference_float16(first, in, n, expected16.data());
+        testing::reference_bfloat16(first, in, n, hardware_bf16, expected_bf.data());
+        for (int64_t i = 0; i < n; ++i) {
+          const uint32_t bits = first + uint32_t(i);
+          expected32[size_t(i)] =
+              testing::is_nan_pattern(bits) ? testing::kExpectedNanFloat32 : bits;
+        }
+        t[0].add_block(first, float16.data(), expected16.data(), n);
+        t[1].add_block(first, bfloat16.data(), expected_bf.data(), n);
+        t[2].add_block(first, float32.data(), expected32.data(), n);
+      });
+  const char* names[] = {"narrow_fp16", "round_bf16_high", "canonical_fp32"};
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_EQ(tallies[size_t(c)].mismatches, 0u) << testing::describe(names[c], tallies[size_t(c)]);
+    EXPECT_TRUE(tallies[size_t(c)].covers_every_pattern())
+        << names[c] << ": " << tallies[size_t(c)].compared << " non-NaN and "
+        << tallies[size_t(c)].nans << " NaN inputs compared";
+  }
+}
+
+}  // namespace
+}  // namespace moe_routing
