@@ -36,6 +36,12 @@ static_assert(MR_FLOAT32 == int(DType::float32) && MR_FLOAT16 == int(DType::floa
 static_assert(MR_DEVICE_CPU == int(Device::cpu) && MR_DEVICE_CUDA == int(Device::cuda),
               "mrDevice follows Device");
 static_assert(MR_MAX_DIMS == kMaxDims, "MR_MAX_DIMS follows kMaxDims");
+static_assert(MR_NUMERICS_ATLAS_A2 == int(Numerics::atlas_a2) &&
+                  MR_NUMERICS_ASCEND_950 == int(Numerics::ascend_950),
+              "mrNumerics follows Numerics");
+static_assert(MR_ACCUMULATION_TREE == int(AccumulationOrder::tree) &&
+                  MR_ACCUMULATION_SEQUENTIAL == int(AccumulationOrder::sequential),
+              "mrAccumulationOrder follows AccumulationOrder");
 
 constexpr const char* kCreateTensor = "mrCreateTensor: ";
 
@@ -291,21 +297,23 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
   });
 }
 
-mrStatus mrSetQuantFlavour(mrExecutor* executor, mrQuantFlavour flavour) noexcept {
-  constexpr const char* kFunction = "mrSetQuantFlavour: ";
+mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
+  constexpr const char* kFunction = "mrSetNumerics: ";
   return guard(kFunction, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kFunction, "executor", executor));
-    if (executor->op != mrExecutor::Operator::moe_init_routing)
-      return moe_routing::invalid_argument(
-          kFunction,
-          "executor must come from mrMoeInitRoutingGetWorkspaceSize (the flavour only "
-          "applies to moe_init_routing), got an executor of another operator");
-    if (flavour != MR_QUANT_FLAVOUR_ATLAS_A2 && flavour != MR_QUANT_FLAVOUR_ASCEND_950)
+    if (!moe_routing::is_valid_numerics(numerics))
       return moe_routing::invalid_argument(kFunction,
-                                           "flavour must be MR_QUANT_FLAVOUR_ATLAS_A2 "
-                                           "(0) or MR_QUANT_FLAVOUR_ASCEND_950 (1), got ",
-                                           flavour);
-    executor->routing.attrs.flavour = moe_routing::QuantFlavour(flavour);
+                                           "numerics must be MR_NUMERICS_ATLAS_A2 (0) or "
+                                           "MR_NUMERICS_ASCEND_950 (1), got ",
+                                           numerics);
+    const moe_routing::Numerics chosen = moe_routing::Numerics(numerics);
+    switch (executor->op) {
+      case mrExecutor::Operator::moe_init_routing_grad:
+        executor->grad.attrs.numerics = chosen;
+        break;
+      case mrExecutor::Operator::moe_init_routing: executor->routing.attrs.numerics = chosen; break;
+      case mrExecutor::Operator::moe_init_routing_v2: break;  // no numerics-dependent arithmetic
+    }
     return Status::ok();
   });
 }

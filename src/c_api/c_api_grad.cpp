@@ -19,7 +19,6 @@ Status plan_grad(const mrTensor* grad_expanded_x, const mrTensor* expanded_row_i
   call->attrs.top_k = top_k;
   call->attrs.drop_pad_mode = drop_pad_mode;
   call->attrs.active_num = active_num;
-  call->attrs.order = AccumulationOrder::tree;
   return infer_moe_init_routing_grad(call->grad_expanded_x, call->expanded_row_idx, call->attrs,
                                      plan);
 }

@@ -64,7 +64,6 @@ Status plan_routing(const mrTensor* x, const mrTensor* expert_idx, const mrTenso
   attrs.expert_tokens_num_flag = s.expert_tokens_num_flag;
   attrs.quant_mode = s.quant_mode;
   attrs.row_idx_type = s.row_idx_type;
-  attrs.flavour = QuantFlavour::atlas_a2;
   // aclnn passes the range as an int array: none (length 0) means [0, expert_num).
   if (s.active_expert_range_length != 0) {
     if (s.active_expert_range_length != 2)

@@ -138,7 +138,7 @@ inline float widen(const void* row, int64_t j) {
 /// maximum of the non-NaN |f| does not depend on the order, so it is reduced in lanes, and a NaN
 /// anywhere makes it NaN, as abs_max_step does.
 template <DType kDtype, bool kSmooth>
-float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, QuantFlavour flavour,
+float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Numerics numerics,
                            int8_t* out) {
   auto f = [row, smooth](int64_t j) {
     const float v = widen<kDtype>(row, j);
@@ -159,7 +159,7 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Quan
   for (; j < H; ++j) abs_max = quantize::abs_max_step(abs_max, f(j));
   for (int l = 0; l < kLanes; ++l) abs_max = quantize::abs_max_step(abs_max, lane_max[l]);
   if (nan_seen != 0) abs_max = std::numeric_limits<float>::quiet_NaN();
-  const float sc = quantize::dynamic_scale(abs_max, flavour);
+  const float sc = quantize::dynamic_scale(abs_max, numerics);
   for (int64_t i = 0; i < H; ++i) out[i] = quantize::dynamic_quantize(f(i), sc);
   return sc;
 }
@@ -222,9 +222,9 @@ class RowWriter {
     float sc;
     if (pr_.scale != nullptr) {
       const float* smooth = pr_.scale + (pr_.scale_rows == 1 ? 0 : (expert - pr_.range_start)) * H;
-      sc = dynamic_quantize_row<kDtype, true>(row, smooth, H, pr_.flavour, out);
+      sc = dynamic_quantize_row<kDtype, true>(row, smooth, H, pr_.numerics, out);
     } else {
-      sc = dynamic_quantize_row<kDtype, false>(row, nullptr, H, pr_.flavour, out);
+      sc = dynamic_quantize_row<kDtype, false>(row, nullptr, H, pr_.numerics, out);
     }
     pr_.expanded_scale[dest] = canonicalize_nan(sc);
   }
@@ -455,7 +455,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
   const uint64_t tail_range = uint64_t(low_id - end + 1);
   int64_t* first = pr.drop_pad ? static_cast<int64_t*>(at(layout.first)) : nullptr;
   quantize::StaticParams static_params;
-  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
+  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.numerics, pr.scale, pr.offset);
 
   // In the dropless gather layout the sort writes expanded_row_idx itself (the rank of each
   // position).

@@ -163,7 +163,7 @@ MOE_HD int8_t int8_round_half_even(float q) {
 }
 
 /// quant_mode 0 of one element (quantize::static_quantize); scale and offset already prepared
-/// (fp16-rounded for the 950 flavour).
+/// (fp16-rounded for the ascend_950 numerics).
 MOE_HD int8_t static_quantize(float x, float scale, float offset, bool ascend_950) {
   float t;
   if (ascend_950) {

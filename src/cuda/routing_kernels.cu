@@ -685,7 +685,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
     a.capacity = pr.expert_capacity;
     a.row_limit = pr.row_limit;
     a.rows = pr.expanded_rows;
-    a.ascend_950 = pr.flavour == QuantFlavour::ascend_950;
+    a.ascend_950 = pr.numerics == Numerics::ascend_950;
     a.expanded_x = pr.expanded_x;
     a.expanded_scale = pr.expanded_scale;
     a.expanded_topk_weight = pr.expanded_topk_weight;

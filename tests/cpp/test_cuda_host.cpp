@@ -177,11 +177,11 @@ TEST(CudaHostLogic, QuantisationHelpersMatchQuantizeH) {
   }
   const float scales[] = {1.7f, 0.013f, 3.0f};
   const float offsets[] = {0.0f, 0.5f, -1.25f};
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950})
     for (int s = 0; s < 3; ++s) {
       const quantize::StaticParams params =
-          quantize::static_params(flavour, &scales[s], &offsets[s]);
-      const bool ascend_950 = flavour == QuantFlavour::ascend_950;
+          quantize::static_params(numerics, &scales[s], &offsets[s]);
+      const bool ascend_950 = numerics == Numerics::ascend_950;
       for (size_t i = 0; i < values.size(); i += 7) {
         const float v = values[i] * 64.0f;
         EXPECT_EQ(cuda::num::static_quantize(v, params.scale, params.offset, ascend_950),
@@ -191,7 +191,7 @@ TEST(CudaHostLogic, QuantisationHelpersMatchQuantizeH) {
       for (size_t i = 0; i < values.size(); i += 11) {
         const float m = std::fabs(values[i]) * 100.0f;
         EXPECT_EQ(float_bits(cuda::num::dynamic_scale(m, ascend_950)),
-                  float_bits(quantize::dynamic_scale(m, flavour)))
+                  float_bits(quantize::dynamic_scale(m, numerics)))
             << m;
       }
     }

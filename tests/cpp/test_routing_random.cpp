@@ -56,7 +56,7 @@ ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64
   a.expert_num = E;
   a.quant_mode = quant;
   a.row_idx_type = row_idx_type;
-  a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
+  a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
   a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
   a.expert_tokens_num_type = rng.integer(0, 2);
   int64_t range = E;

@@ -179,7 +179,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_init_
     attrs.active_expert_range = {range[0], range[1]};
   }
   const std::string numerics_text(numerics);
-  TORCH_CHECK_VALUE(moe_routing::parse_quant_flavour(numerics_text.c_str(), &attrs.flavour), op,
+  TORCH_CHECK_VALUE(moe_routing::parse_numerics(numerics_text.c_str(), &attrs.numerics), op,
                     ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", numerics_text,
                     "\"");
   const at::Device device = x.device();

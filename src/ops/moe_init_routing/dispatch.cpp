@@ -123,7 +123,7 @@ RoutingProblem problem_from_plan(const MoeInitRoutingPlan& plan) {
   problem.expanded_rows = plan.expanded_x.shape[0] * (plan.drop_pad ? plan.expanded_x.shape[1] : 1);
   problem.row_idx_type = plan.row_idx_type;
   problem.quant_mode = plan.quant_mode;
-  problem.flavour = plan.flavour;
+  problem.numerics = plan.numerics;
   problem.scale_rows = plan.scale_rows;
   problem.count_dtype = DType::int64;
   if (plan.expert_tokens_num_flag) {

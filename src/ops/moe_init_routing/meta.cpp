@@ -2,7 +2,6 @@
 // §6, §10, §11, §14) and moe_init_routing (spec §3.5, DECISIONS.md §6, §10-§12, §14), written
 // once. The CLI, the C ABI, the torch Meta kernel and every backend call through here.
 #include <algorithm>
-#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -103,27 +102,6 @@ std::string shape_string(const OutputSpec& spec) {
   for (int d = 0; d < spec.ndim; ++d) out << (d ? ", " : "") << spec.shape[d];
   out << ']';
   return out.str();
-}
-
-const char* quant_flavour_name(QuantFlavour flavour) {
-  switch (flavour) {
-    case QuantFlavour::atlas_a2: return "atlas_a2";
-    case QuantFlavour::ascend_950: return "ascend_950";
-  }
-  return "unknown";
-}
-
-bool parse_quant_flavour(const char* text, QuantFlavour* flavour) {
-  if (text == nullptr) return false;
-  if (std::strcmp(text, "atlas_a2") == 0) {
-    *flavour = QuantFlavour::atlas_a2;
-    return true;
-  }
-  if (std::strcmp(text, "ascend_950") == 0) {
-    *flavour = QuantFlavour::ascend_950;
-    return true;
-  }
-  return false;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -276,9 +254,9 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   if (attrs.active_num < -1)
     return invalid_argument(op, "active_num must be -1 or 0 (keep every routed pair) or > 0, got ",
                             attrs.active_num);
-  if (attrs.flavour != QuantFlavour::atlas_a2 && attrs.flavour != QuantFlavour::ascend_950)
-    return invalid_argument(op, "flavour must be atlas_a2 or ascend_950, got ",
-                            static_cast<int>(attrs.flavour));
+  if (!is_valid_numerics(static_cast<int32_t>(attrs.numerics)))
+    return invalid_argument(op, "numerics must be atlas_a2 or ascend_950, got ",
+                            static_cast<int>(attrs.numerics));
   const bool drop_pad = attrs.drop_pad_mode == 1;
   if (drop_pad) {
     if (attrs.expert_capacity < 1)
@@ -367,7 +345,7 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   result.range_end = e_end;
   result.row_limit = attrs.active_num > 0 ? attrs.active_num : pairs;
   result.quant_mode = q;
-  result.flavour = attrs.flavour;
+  result.numerics = attrs.numerics;
   result.row_idx_type = attrs.row_idx_type;
   result.expert_tokens_num_type = type;
   result.expert_tokens_num_flag = attrs.expert_tokens_num_flag;

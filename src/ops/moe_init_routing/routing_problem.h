@@ -35,7 +35,7 @@ struct RoutingProblem {
   int64_t expanded_rows = 0;  // dropless: rows of expanded_x; drop-pad: E*C
   int64_t row_idx_type = 0;   // 0 gather, 1 scatter (dropless only)
   int64_t quant_mode = -1;    // -1, 0, 1
-  QuantFlavour flavour = QuantFlavour::atlas_a2;
+  Numerics numerics = Numerics::atlas_a2;
 
   // Inputs (CPU pointers, already validated).
   const void* x = nullptr;              // [N, H] x_dtype

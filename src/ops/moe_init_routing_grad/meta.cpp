@@ -22,6 +22,7 @@ Status check_dims_non_negative(const char* name, const TensorView& t) {
 
 const char* accumulation_order_name(AccumulationOrder order) {
   switch (order) {
+    case AccumulationOrder::from_numerics: return "from_numerics";
     case AccumulationOrder::tree: return "tree";
     case AccumulationOrder::sequential: return "sequential";
   }
@@ -39,6 +40,10 @@ bool parse_accumulation_order(const char* text, AccumulationOrder* order) {
     return true;
   }
   return false;
+}
+
+AccumulationOrder accumulation_order_of(Numerics numerics) {
+  return numerics == Numerics::ascend_950 ? AccumulationOrder::sequential : AccumulationOrder::tree;
 }
 
 const char* grad_scenario_name(GradScenario scenario) {
@@ -60,8 +65,12 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
   if (attrs.top_k <= 0) return invalid_argument(kOp, "top_k must be > 0, got ", attrs.top_k);
   if (attrs.active_num < 0)
     return invalid_argument(kOp, "active_num must be >= 0, got ", attrs.active_num);
-  if (attrs.order != AccumulationOrder::tree && attrs.order != AccumulationOrder::sequential)
-    return invalid_argument(kOp, "order must be tree or sequential, got ",
+  if (!is_valid_numerics(static_cast<int32_t>(attrs.numerics)))
+    return invalid_argument(kOp, "numerics must be atlas_a2 or ascend_950, got ",
+                            static_cast<int>(attrs.numerics));
+  if (attrs.order != AccumulationOrder::from_numerics && attrs.order != AccumulationOrder::tree &&
+      attrs.order != AccumulationOrder::sequential)
+    return invalid_argument(kOp, "order must be from_numerics, tree or sequential, got ",
                             static_cast<int>(attrs.order));
 
   const bool drop_pad = attrs.drop_pad_mode == 1;
@@ -96,7 +105,9 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
   result.dtype = grad_expanded_x.dtype;
   result.top_k = attrs.top_k;
   result.num_rows = pairs / attrs.top_k;
-  result.order = attrs.order;
+  result.order = attrs.order == AccumulationOrder::from_numerics
+                     ? accumulation_order_of(attrs.numerics)
+                     : attrs.order;
   result.skip_from = std::numeric_limits<int64_t>::max();
   if (drop_pad) {
     const int64_t experts = grad_expanded_x.shape[0], capacity = grad_expanded_x.shape[1];
