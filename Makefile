@@ -19,7 +19,7 @@ VENV_PY := $(VENV)/bin/python
 PY_PACKAGES := torch==2.13.0 numpy pytest scikit-build-core ninja matplotlib
 
 .PHONY: all deps build build-asan test test-cpp test-asan test-python venv python demo clean help \
-  format format-check
+  format format-check check-layers
 
 all: build
 
@@ -71,7 +71,7 @@ python: venv
 test-python: python build
 	cd tests/python && MOE_ROUTING_CLI=$(abspath $(BUILD_DIR))/moe-routing ../../$(VENV_PY) -m pytest -q -p no:cacheprovider .
 
-test: format-check test-cpp test-asan test-python fuzz test-cuda-build
+test: format-check check-layers test-cpp test-asan test-python fuzz test-cuda-build
 	@echo "== make test: every suite passed"
 
 # libFuzzer on the C ABI (fuzz/fuzz_c_api.cpp), built with clang, ASan and UBSan in its own tree:
@@ -112,6 +112,11 @@ format: deps
 
 format-check: deps
 	tools/checks/format_check.sh
+
+# The one-way layers of docs/ARCHITECTURE.md: fails naming file, line and rule for every #include
+# that goes up a layer or across backends / front ends.
+check-layers:
+	$(PYTHON) tools/checks/check_layers.py
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_BUILD_DIR) build/python

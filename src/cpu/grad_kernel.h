@@ -1,4 +1,5 @@
-// CPU kernels of moe_init_routing_grad, one translation unit per instruction set.
+// Inside the CPU backend of moe_init_routing_grad: what a kernel sees, the tiling, and the kernels,
+// one translation unit per instruction set (cpu_backend.h is the backend's entry point).
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cpu/float_env.h"
+#include "core/float_env.h"
 #include "cpu/grad_kernel.h"
 #include "moe_routing/dtype.h"
 
@@ -351,7 +351,7 @@ void grad_units_bins(const GradKernelArgs& args, int64_t unit_begin, int64_t uni
 
 template <class Ops, class Tag>
 void grad_units(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
-  DefaultFloatEnvironment float_environment;
+  detail::DefaultFloatEnvironment float_environment;
   switch (grad_register_bins(args.plan)) {
     case 1: return grad_units_registers<Ops, Tag, 1>(args, unit_begin, unit_end);
     case 2: return grad_units_registers<Ops, Tag, 2>(args, unit_begin, unit_end);

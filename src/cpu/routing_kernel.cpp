@@ -1,4 +1,5 @@
-#include "cpu/routing_kernel.h"
+// The CPU kernels of the forward routing (both moe_init_routing_v2 and moe_init_routing).
+#include "cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,17 +11,18 @@
 #include <emmintrin.h>
 #endif
 
+#include "core/float_env.h"
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
-#include "cpu/float_env.h"
 #include "cpu/routing_sort.h"
 #include "cpu/stream_copy.h"
-#include "ops/moe_init_routing/quantize.h"
+#include "params/quantize.h"
 
 namespace moe_routing::cpu {
 namespace {
 
 using detail::CountFormat;
+using detail::DefaultFloatEnvironment;
 using detail::RoutingProblem;
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -399,13 +401,35 @@ class OwnedScratch {
   std::unique_ptr<unsigned char[]> owned_;
 };
 
+/// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
+/// Saturates instead of overflowing: with no rows, H may be anything (x [0, H] is valid).
+int64_t routing_bytes(const RoutingProblem& problem) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t index_bytes = problem.pairs() * 12;
+  const int64_t element =
+      std::max<int64_t>(1, problem.quant_mode == -1 ? int64_t(dtype_size(problem.x_dtype)) : 1);
+  const int64_t rows = problem.expanded_rows, hidden = problem.hidden;
+  if (rows == 0 || hidden == 0) return index_bytes;
+  if (hidden > (kMax - index_bytes) / element / rows) return kMax;
+  return rows * hidden * element + index_bytes;
+}
+
+/// The threads a problem runs on: the requested count (0 = the library default), fewer for
+/// small work. The workspace size depends on it, so both entry points below resolve it alike.
+int threads_for(const RoutingProblem& problem, int requested) {
+  return detail::threads_for_bytes(detail::resolve_num_threads(requested), routing_bytes(problem));
+}
+
 }  // namespace
 
 uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
-  return scratch_layout(problem, num_threads).bytes;
+  return scratch_layout(problem, threads_for(problem, num_threads)).bytes;
 }
 
-void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, void* workspace) {
+void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa isa,
+                      void* workspace) {
+  const int num_threads = threads_for(pr, requested_threads);
+  if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   const ScratchLayout layout = scratch_layout(pr, num_threads);
   OwnedScratch owned;
   if (workspace == nullptr) workspace = owned.acquire(layout.bytes);

@@ -15,7 +15,7 @@
 #include "cuda/grad_body.cuh"
 #include "cuda/numerics.cuh"
 #include "grad_cases.h"
-#include "ops/moe_init_routing/quantize.h"
+#include "params/quantize.h"
 
 namespace moe_routing {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "ops/moe_init_routing/quantize.h"
+#include "params/quantize.h"
 #include "routing_cases.h"
 
 namespace moe_routing {

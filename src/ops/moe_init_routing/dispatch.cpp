@@ -5,11 +5,10 @@
 #include <limits>
 #include <new>
 
-#include "core/thread_pool.h"
-#include "cpu/routing_kernel.h"
+#include "cpu/cpu_backend.h"
 #include "moe_routing/moe_init_routing.h"
-#include "ops/moe_init_routing/reference.h"
-#include "ops/moe_init_routing/routing_problem.h"
+#include "params/moe_init_routing_problem.h"
+#include "reference/moe_init_routing.h"
 #if defined(MOE_ROUTING_HAVE_CUDA)
 #include "cuda/cuda_backend.h"
 #endif
@@ -66,25 +65,6 @@ Status check_backend(const char* op, const TensorView& x, const ExecConfig& conf
   return Status::ok();
 }
 
-/// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
-/// Saturates instead of overflowing: with no rows, H may be anything (x [0, H] is valid).
-int64_t routing_bytes(const RoutingProblem& problem) {
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  const int64_t index_bytes = problem.pairs() * 12;
-  const int64_t element =
-      std::max<int64_t>(1, problem.quant_mode == -1 ? int64_t(dtype_size(problem.x_dtype)) : 1);
-  const int64_t rows = problem.expanded_rows, hidden = problem.hidden;
-  if (rows == 0 || hidden == 0) return index_bytes;
-  if (hidden > (kMax - index_bytes) / element / rows) return kMax;
-  return rows * hidden * element + index_bytes;
-}
-
-/// The CPU kernels' thread count for a problem: the configured count, fewer for small work.
-int cpu_threads(const RoutingProblem& problem, int num_threads) {
-  return detail::threads_for_bytes(detail::resolve_num_threads(num_threads),
-                                   routing_bytes(problem));
-}
-
 /// The sizes and attributes of a call (no data pointers): enough to size its workspace.
 RoutingProblem problem_from_plan(const MoeInitRoutingV2Plan& plan) {
   RoutingProblem problem;
@@ -139,7 +119,7 @@ Status check_workspace(const char* op, const char* size_function, const RoutingP
                        const ExecConfig& config, Device device) {
   if (config.workspace == nullptr || device != Device::cpu || config.backend == Backend::reference)
     return Status::ok();
-  const uint64_t needed = cpu::workspace_bytes(problem, cpu_threads(problem, config.num_threads));
+  const uint64_t needed = cpu::workspace_bytes(problem, config.num_threads);
   if (config.workspace_bytes < needed)
     return invalid_argument(op, "workspace_bytes must be at least ", needed,
                             " for this call with num_threads ", config.num_threads, " (",
@@ -162,9 +142,7 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
     if (config.backend == Backend::reference)
       reference::moe_init_routing(problem);
     else
-      cpu::moe_init_routing(problem, cpu_threads(problem, config.num_threads),
-                            config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa,
-                            config.workspace);
+      cpu::moe_init_routing(problem, config.num_threads, config.isa, config.workspace);
   } catch (const std::bad_alloc&) {
     return runtime_error(op,
                          "memory for the sort must be allocatable (about 12 bytes per pair), "
@@ -190,13 +168,11 @@ Status zero_if_not_produced(const char* op, const TensorView& t, const OutputSpe
 }  // namespace
 
 uint64_t moe_init_routing_v2_workspace_size(const MoeInitRoutingV2Plan& plan, int num_threads) {
-  const RoutingProblem problem = problem_from_plan(plan);
-  return cpu::workspace_bytes(problem, cpu_threads(problem, num_threads));
+  return cpu::workspace_bytes(problem_from_plan(plan), num_threads);
 }
 
 uint64_t moe_init_routing_workspace_size(const MoeInitRoutingPlan& plan, int num_threads) {
-  const RoutingProblem problem = problem_from_plan(plan);
-  return cpu::workspace_bytes(problem, cpu_threads(problem, num_threads));
+  return cpu::workspace_bytes(problem_from_plan(plan), num_threads);
 }
 
 Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,

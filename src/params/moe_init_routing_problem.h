@@ -1,5 +1,5 @@
 // What a forward routing backend sees: both entry points (moe_init_routing_v2 and
-// moe_init_routing) reduce to this one description, so the reference and the CPU kernels are
+// moe_init_routing) reduce to this one description, so every backend (reference, cpu, cuda) is
 // written once for both.
 #pragma once
 

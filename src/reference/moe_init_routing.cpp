@@ -1,15 +1,15 @@
 // The reference implementation of the forward routing: kept plain on purpose (a stable comparison
 // sort and one loop per output). The CPU kernels, golden files and benchmark --verify are compared
 // against it bit for bit.
-#include "ops/moe_init_routing/reference.h"
+#include "reference/moe_init_routing.h"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include "cpu/float_env.h"
-#include "ops/moe_init_routing/quantize.h"
+#include "core/float_env.h"
+#include "params/quantize.h"
 
 namespace moe_routing::reference {
 namespace {
@@ -71,7 +71,7 @@ void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
 }  // namespace
 
 void moe_init_routing(const RoutingProblem& pr) {
-  cpu::DefaultFloatEnvironment float_environment;
+  detail::DefaultFloatEnvironment float_environment;
   const int64_t P = pr.pairs();
   auto routed = [&](int64_t p) {
     const int64_t id = pr.expert_idx[p];
