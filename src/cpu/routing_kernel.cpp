@@ -42,15 +42,15 @@ void parallel_range(int64_t n, int num_threads, const Fn& fn) {
 }
 
 /// Copies a row; `stream`: with non-temporal stores where the destination is aligned
-/// (cpu/stream_copy.h). Vector loops rather than memcpy (see copy_avx2). Callers issue
+/// (cpu/stream_copy.h). Vector loops rather than memcpy (see avx2::copy). Callers issue
 /// stream_fence() before the data is published to another thread.
 inline void copy_row(char* dst, const char* src, size_t bytes, bool stream, bool avx2) {
 #if defined(MOE_ROUTING_HAVE_AVX2)
   if (avx2) {
     if (stream)
-      stream_copy_avx2(dst, src, bytes);
+      avx2::stream_copy(dst, src, bytes);
     else
-      copy_avx2(dst, src, bytes);
+      avx2::copy(dst, src, bytes);
     return;
   }
 #endif
