@@ -39,20 +39,6 @@
 
 namespace moe_routing {
 
-/// Shape and dtype of one output as shape inference decides it.
-struct OutputSpec {
-  /// False when the configuration does not produce this output (see the file comment).
-  bool produced = false;
-  DType dtype = DType::float32;
-  int ndim = 0;
-  int64_t shape[3] = {0, 0, 0};
-
-  int64_t numel() const;
-};
-
-/// "[2, 3]"
-std::string shape_string(const OutputSpec& spec);
-
 // ------------------------------------------------------------------------------------------
 // moe_init_routing_v2 (aclnnMoeInitRoutingV2)
 // ------------------------------------------------------------------------------------------

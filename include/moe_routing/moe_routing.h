@@ -9,12 +9,16 @@
  *      reading data (shapes, dtypes, devices, attributes, missing buffers), plans the call, and
  *      returns the workspace size and an executor. No tensor data is read or written. The
  *      workspace size depends on the shapes, attributes and thread count only, never on data.
+ *      Phase one validates with the very function the C++ API's entry point uses, so both accept
+ *      and reject the same calls with the same messages.
  *   3. Optionally tune the executor (mrSetNumerics, mrSetAccumulationOrder).
  *   4. Phase two, mr<Operator>(workspace, workspaceSize, executor, stream): validates the index
- *      values, computes, and frees the executor. It allocates no memory: the forward operators'
- *      sort runs in the caller's workspace (the backward needs none: size 0). The thread count
- *      is the library default (mrSetNumThreads) at phase one, and the pool's threads are started
- *      there.
+ *      values, computes, and frees the executor. On CPU tensors it allocates no memory: the
+ *      forward operators' sort runs in the caller's workspace (the backward needs none: size 0).
+ *      The thread count is the library default (mrSetNumThreads) at phase one, and the pool's
+ *      threads are started there. On CUDA tensors (builds with the CUDA backend) the work is
+ *      queued on `stream` and its scratch comes from the library's device memory pool
+ *      (workspace size 0); see docs/cuda.md.
  *   5. Destroy the tensor handles (mrDestroyTensor). The buffers remain the caller's.
  *
  * Conventions (every function):
@@ -71,11 +75,13 @@ enum {
   /** An invalid argument whose *value* is an out-of-range index (expanded_row_idx, expert_idx);
    *  only phase two reports it, since only phase two reads data. */
   MR_ERROR_INDEX_OUT_OF_RANGE = 2,
-  /** A valid request that is not implemented (a CUDA tensor, quant_mode 2..17). */
+  /** A valid request that is not implemented (a CUDA tensor in a build without the CUDA
+   *  backend, quant_mode 2..17). */
   MR_ERROR_NOT_SUPPORTED = 3,
   /** A bug in moe_routing (an unexpected C++ exception was caught at the ABI boundary). */
   MR_ERROR_INTERNAL = 4,
-  /** The environment failed: memory could not be allocated. */
+  /** The environment failed: memory could not be allocated, or (CUDA tensors) the CUDA runtime
+   *  reported an error. */
   MR_ERROR_RUNTIME = 5
 };
 
@@ -108,12 +114,13 @@ enum {
   MR_INT64 = 5
 };
 
-/** Where a tensor's buffer lives. The C ABI runs the CPU kernels only: an operator given a CUDA
- *  tensor returns MR_ERROR_NOT_SUPPORTED from phase one. */
+/** Where a tensor's buffer lives. CUDA tensors run on the GPU in builds with the CUDA backend
+ *  (MOE_ROUTING_CUDA), exactly as in the C++ API; in other builds phase one refuses them with
+ *  MR_ERROR_NOT_SUPPORTED. */
 typedef int32_t mrDevice;
 enum {
   MR_DEVICE_CPU = 0, /**< host memory */
-  MR_DEVICE_CUDA = 1 /**< CUDA device memory (not supported by the C ABI's operators yet) */
+  MR_DEVICE_CUDA = 1 /**< CUDA device memory (builds with the CUDA backend) */
 };
 
 /** Which Ascend device's arithmetic the operators reproduce: one switch for the library. It
@@ -205,7 +212,8 @@ typedef struct mrTensorDesc {
  */
 typedef struct mrExecutor mrExecutor;
 
-/** A device stream (aclrtStream / cudaStream_t). Ignored by the CPU operators; pass NULL. */
+/** A device stream (aclrtStream / cudaStream_t): CUDA tensors' work is queued on it (NULL: the
+ *  default stream). Ignored for CPU tensors; pass NULL. */
 typedef void* mrStream;
 
 /**
@@ -301,7 +309,8 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
  *                        none); set to 0 on failure. Must not be NULL.
  * @param executor        receives the plan (numerics MR_NUMERICS_ATLAS_A2, hence the tree order);
  *                        set to NULL on failure. Must not be NULL.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
+ *         build without the CUDA backend;
  *         MR_ERROR_RUNTIME when the executor cannot be allocated.
  */
 mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
@@ -318,7 +327,8 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
  *                       workspaceSize is 0. Used as scratch during the call only.
  * @param workspaceSize  at least the size phase one reported.
  * @param executor       from mrMoeInitRoutingV2GradGetWorkspaceSize; must not be NULL.
- * @param stream         ignored on the CPU (pass NULL).
+ * @param stream         CUDA tensors: the cudaStream_t the work is queued on (NULL: the default
+ *                       stream); ignored for CPU tensors (pass NULL).
  * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
  *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, a
  *         NULL workspace with a non-zero size, or a workspaceSize below phase one's.
@@ -382,7 +392,8 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
  *                       scratch, about 12 bytes per pair plus per-expert and per-thread
  *                       counters); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
+ *         build without the CUDA backend;
  *         MR_ERROR_RUNTIME when the executor cannot be allocated.
  */
 mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
@@ -476,7 +487,8 @@ mrStatus mrMoeInitRoutingInferShape(
  *                       counters); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
- *         non-CPU tensor); MR_ERROR_RUNTIME when the executor cannot be allocated.
+ *         CUDA tensor in a build without the CUDA backend); MR_ERROR_RUNTIME when the executor
+ *         cannot be allocated.
  */
 mrStatus mrMoeInitRoutingGetWorkspaceSize(
     const mrTensor* x, const mrTensor* expertIdx, const mrTensor* scaleOptional,

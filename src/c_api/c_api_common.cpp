@@ -121,46 +121,10 @@ TensorView view_of(const mrTensor* tensor) {
   return tensor == nullptr ? TensorView() : tensor->view;
 }
 
-namespace {
-
-Status check_output(const char* op, const OutputArgument& output, const char* anchor_name,
-                    Device anchor_device) {
-  const OutputSpec& spec = output.spec;
-  if (spec.produced) MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, output.name, output.handle));
-  const TensorView t = view_of(output.handle);
-  if (!spec.produced && t.data == nullptr) return Status::ok();
-  bool same = t.ndim == spec.ndim && t.dtype == spec.dtype;
-  for (int d = 0; same && d < spec.ndim; ++d) same = t.shape[d] == spec.shape[d];
-  if (!same)
-    return invalid_argument(op, output.name, " must be ", spec.ndim, "-D ", dtype_name(spec.dtype),
-                            ' ', shape_string(spec),
-                            spec.produced ? "" : " or have null data (it is not produced here)",
-                            ", got ", describe(t));
-  if (t.device != anchor_device)
-    return invalid_argument(op, output.name, " must be on the device of ", anchor_name, " (",
-                            device_name(anchor_device), "), got ", device_name(t.device));
-  if (t.data == nullptr && spec.numel() > 0)
-    return invalid_argument(op, output.name,
-                            " data must not be null for a non-empty tensor, got null");
-  return Status::ok();
-}
-
-}  // namespace
-
-Status check_before_data(const char* op, std::initializer_list<OutputArgument> outputs,
-                         std::initializer_list<InputArgument> inputs, const char* anchor_name,
-                         Device anchor_device) {
-  for (const OutputArgument& output : outputs)
-    MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor_name, anchor_device));
-  for (const InputArgument& input : inputs) {
-    const TensorView& t = input.view;
-    if (t.data == nullptr && t.ndim > 0 && t.numel() > 0)
-      return invalid_argument(op, input.name,
-                              " data must not be null for a non-empty tensor, got null");
-  }
-  if (anchor_device != Device::cpu)
-    return not_supported(op, "device must be cpu (the C ABI runs the CPU kernels only), got ",
-                         device_name(anchor_device));
+Status require_produced_outputs(const char* op, std::initializer_list<OutputHandle> outputs) {
+  for (const OutputHandle& output : outputs)
+    if (output.spec.produced)
+      MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, output.name, output.handle));
   return Status::ok();
 }
 
@@ -229,11 +193,13 @@ mrTensor::~mrTensor() { moe_routing::c_api::tensor_count.fetch_sub(1); }
 mrExecutor::mrExecutor() { moe_routing::c_api::executor_count.fetch_add(1); }
 mrExecutor::~mrExecutor() { moe_routing::c_api::executor_count.fetch_sub(1); }
 
-moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_bytes) const {
+moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_bytes,
+                                           mrStream stream) const {
   moe_routing::ExecConfig config;
   config.num_threads = num_threads;
   config.workspace = workspace;
   config.workspace_bytes = workspace_bytes;
+  config.stream = stream;
   return config;
 }
 

@@ -47,6 +47,27 @@ std::string shape_string(const TensorView& t) {
   return out.str();
 }
 
+int64_t OutputSpec::numel() const {
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) total *= shape[d];
+  return total;
+}
+
+std::string shape_string(const OutputSpec& spec) {
+  std::ostringstream out;
+  out << '[';
+  for (int d = 0; d < spec.ndim; ++d) out << (d ? ", " : "") << spec.shape[d];
+  out << ']';
+  return out.str();
+}
+
+bool device_supported(Device device) {
+#if defined(MOE_ROUTING_HAVE_CUDA)
+  if (device == Device::cuda) return true;
+#endif
+  return device == Device::cpu;
+}
+
 std::string describe(const TensorView& t) {
   std::ostringstream out;
   out << t.ndim << "-D " << dtype_name(t.dtype) << ' ' << shape_string(t);

@@ -458,31 +458,54 @@ TEST(CApiErrors, RoutingPhaseOneMatchesCpp) {
   });
 }
 
-// The C ABI runs the CPU kernels only, whether or not the library has the CUDA backend, so a
-// call on CUDA tensors stops in phase one (never reaching the C++ entry point).
-TEST(CApiErrors, CudaTensorsAreNotSupported) {
-  GradCall grad;
-  for (Arg* a : {&grad.grad_expanded_x, &grad.expanded_row_idx, &grad.grad_x})
-    a->device = Device::cuda;
-  V2Call v2;
-  for (Arg* a : {&v2.x, &v2.expert_idx, &v2.expanded_x, &v2.expanded_row_idx, &v2.counts})
-    a->device = Device::cuda;
-  RoutingCall routing;
-  for (Arg* a : {&routing.x, &routing.expert_idx, &routing.topk_weight, &routing.expanded_x,
-                 &routing.expanded_row_idx, &routing.counts, &routing.expanded_topk_weight})
-    a->device = Device::cuda;
+// Phase one validates with the C++ entry point's own function, so cuda tensors fare exactly as in
+// the C++ API, and the test follows the build it is in: without the CUDA backend phase one
+// refuses them (not supported); with it phase one accepts them (no workspace: the CUDA backend
+// has its own pool) and phase two runs them as the C++ API does. Here their buffers are host
+// memory, so both fail alike there (no GPU: a runtime error; a GPU: not device memory), writing
+// nothing.
+template <class Call>
+void expect_cuda_tensors_fare_as_in_cpp(Call& cpp_call, Call& c_call, const std::string& op) {
+  const Status expected = cpp_call.cpp();
+  EXPECT_FALSE(expected.is_ok());
   mrExecutor* executor = nullptr;
-  const std::pair<Outcome, const char*> outcomes[] = {
-      {grad.phase_one(&executor), "moe_init_routing_grad: "},
-      {v2.phase_one(&executor), "moe_init_routing_v2: "},
-      {routing.phase_one(&executor), "moe_init_routing: "}};
-  for (const auto& [o, op] : outcomes) {
-    EXPECT_EQ(o.status, MR_ERROR_NOT_SUPPORTED);
-    EXPECT_EQ(o.message, std::string(op) +
-                             "device must be cpu (the C ABI runs the CPU kernels only), got cuda");
+  const Outcome one = c_call.phase_one(&executor);
+  if (!device_supported(Device::cuda)) {
+    EXPECT_EQ(expected.code(), StatusCode::not_supported);
+    EXPECT_EQ(expected.message(), op + "device must be cpu in this build, got cuda");
+    EXPECT_EQ(one.status, MR_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(one.message, expected.message());
+    EXPECT_EQ(executor, nullptr);
+  } else {
+    ASSERT_EQ(one.status, MR_SUCCESS) << one.message;
+    EXPECT_EQ(one.workspace_size, 0u);
+    EXPECT_EQ(mrDestroyExecutor(executor), MR_SUCCESS);
+    const Outcome both = c_call.c();
+    EXPECT_EQ(both.status, mrStatus(expected.code()));
+    EXPECT_EQ(both.message, expected.message());
   }
-  EXPECT_EQ(executor, nullptr);
-  EXPECT_TRUE(grad.outputs_untouched() && v2.outputs_untouched() && routing.outputs_untouched());
+  EXPECT_TRUE(cpp_call.outputs_untouched());
+  EXPECT_TRUE(c_call.outputs_untouched());
+}
+
+TEST(CApiErrors, CudaTensorsFareAsInTheCppApi) {
+  auto on_cuda = [](std::initializer_list<Arg*> args) {
+    for (Arg* a : args) a->device = Device::cuda;
+  };
+  GradCall grad, grad_c;
+  for (GradCall* c : {&grad, &grad_c})
+    on_cuda({&c->grad_expanded_x, &c->expanded_row_idx, &c->grad_x});
+  expect_cuda_tensors_fare_as_in_cpp(grad, grad_c, "moe_init_routing_grad: ");
+  V2Call v2, v2_c;
+  for (V2Call* c : {&v2, &v2_c})
+    on_cuda({&c->x, &c->expert_idx, &c->expanded_x, &c->expanded_row_idx, &c->counts});
+  expect_cuda_tensors_fare_as_in_cpp(v2, v2_c, "moe_init_routing_v2: ");
+  RoutingCall routing, routing_c;
+  for (RoutingCall* c : {&routing, &routing_c})
+    on_cuda({&c->x, &c->expert_idx, &c->topk_weight, &c->expanded_x, &c->expanded_row_idx,
+             &c->counts, &c->expanded_topk_weight});
+  expect_cuda_tensors_fare_as_in_cpp(routing, routing_c, "moe_init_routing: ");
+  EXPECT_EQ(live_executors(), 0);
 }
 
 TEST(CApiErrors, ActiveExpertRangeArray) {

@@ -1,10 +1,12 @@
 // Shape inference and every check of moe_init_routing_grad, written once (spec §1.3 as amended by
-// DECISIONS.md §5, §7, §10, §14). The CLI, the C ABI, the torch Meta kernel and every backend call
-// through here.
+// DECISIONS.md §5, §7, §10, §14): infer_* for the shapes, validate_* for a whole call. The CLI,
+// the C ABI, the torch Meta kernel and every backend call through here.
+#include "ops/moe_init_routing_grad/meta.h"
+
 #include <cstring>
 #include <limits>
 
-#include "moe_routing/moe_init_routing_grad.h"
+#include "ops/validation.h"
 
 namespace moe_routing {
 namespace {
@@ -170,4 +172,30 @@ Status check_moe_init_routing_grad_indices(const int32_t* expanded_row_idx,
   return Status::ok();
 }
 
+namespace detail {
+
+OutputSpec grad_x_spec(const MoeInitRoutingGradPlan& plan) {
+  OutputSpec spec;
+  spec.produced = true;
+  spec.dtype = plan.dtype;
+  spec.ndim = 2;
+  spec.shape[0] = plan.grad_x_shape[0];
+  spec.shape[1] = plan.grad_x_shape[1];
+  return spec;
+}
+
+Status validate_moe_init_routing_grad(const TensorView& grad_expanded_x,
+                                      const TensorView& expanded_row_idx,
+                                      const MoeInitRoutingGradAttrs& attrs,
+                                      const TensorView& grad_x, const ExecConfig& config,
+                                      MoeInitRoutingGradPlan* plan) {
+  MOE_ROUTING_RETURN_IF_ERROR(
+      infer_moe_init_routing_grad(grad_expanded_x, expanded_row_idx, attrs, plan));
+  const OutputSpec spec = grad_x_spec(*plan);
+  return validate_call(
+      kOp, {{"grad_expanded_x", grad_expanded_x}, {"expanded_row_idx", expanded_row_idx}},
+      {{"grad_x", grad_x, spec}}, config);
+}
+
+}  // namespace detail
 }  // namespace moe_routing
