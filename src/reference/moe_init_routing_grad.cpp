@@ -4,9 +4,14 @@
 
 #include <vector>
 
+#include "core/float_env.h"
+
 namespace moe_routing::reference {
 
 void moe_init_routing_grad(const detail::GradProblem& problem) {
+  // The kernels' float environment: a caller's flush-to-zero (torch.set_flush_denormal) must not
+  // change the definition's bits.
+  detail::DefaultFloatEnvironment float_environment;
   const MoeInitRoutingGradPlan& plan = problem.plan;
   const void* grad_expanded_x = problem.grad_expanded_x;
   const int32_t* expanded_row_idx = problem.expanded_row_idx;
