@@ -50,6 +50,16 @@ MOE_HD float float_of(uint32_t u) {
 #endif
 }
 
+/// A read-only load: through the read-only data cache on the device (__ldg), plain on the host.
+template <class T>
+MOE_HD T ldg(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
 MOE_HD bool is_nan(float v) { return (bits_of(v) & 0x7fffffffu) > 0x7f800000u; }
 
 /// One float32 addition, round-to-nearest-even, never fused.
