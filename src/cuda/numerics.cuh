@@ -143,7 +143,7 @@ struct Bfloat16 {
   MOE_HD static uint16_t narrow(float v) { return float_to_bf16(v); }
 };
 
-// ---- int8 quantisation (the definitions of src/ops/moe_init_routing/quantize.h) -----------------
+// ---- int8 quantisation (the definitions of src/params/quantize.h) ------------------------------
 
 /// float32(1/127), the 950 kernel's reciprocal.
 constexpr float kReciprocal127 = 0.007874015718698502f;
