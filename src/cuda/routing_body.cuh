@@ -298,6 +298,79 @@ MOE_HD void write_key_value(const CountArgs& a, int64_t row, int64_t j, int64_t 
 
 // ---- host-side choices of the launcher ------------------------------------------------------
 
+/// The scratch arrays the kernels share (device memory on the GPU; host memory in the tests).
+struct RoutingBuffers {
+  Flags* flags;
+  uint32_t *keys, *sorted_keys;
+  int32_t *positions, *order, *tail_order, *rank, *first, *end;
+};
+
+/// Whether row_idx_type 1's tail of pairs not routed is sorted (and written).
+inline bool scatter_tail(const detail::RoutingProblem& pr) {
+  return !pr.drop_pad && pr.row_idx_type == 1;
+}
+
+/// The arguments of the expanded_row_idx kernel (5).
+inline RowIdxArgs row_idx_args(const detail::RoutingProblem& pr, const RoutingBuffers& b) {
+  RowIdxArgs r{};
+  r.order = b.order;
+  r.tail_order = b.tail_order;
+  r.sorted_keys = b.sorted_keys;
+  r.first = b.first;
+  r.pairs = pr.pairs();
+  r.capacity = pr.expert_capacity;
+  r.layout = pr.drop_pad        ? RowIdxLayout::drop_pad
+             : scatter_tail(pr) ? RowIdxLayout::scatter
+                                : RowIdxLayout::gather;
+  r.flags = b.flags;
+  r.expanded_row_idx = pr.expanded_row_idx;
+  r.rank = b.rank;
+  return r;
+}
+
+/// The arguments of the row kernels (6).
+inline RowsArgs rows_args(const detail::RoutingProblem& pr, const RoutingBuffers& b) {
+  RowsArgs a{};
+  a.x = pr.x;
+  a.expert_idx = pr.expert_idx;
+  a.scale = pr.scale;
+  a.offset = pr.offset;
+  a.topk_weight = pr.topk_weight;
+  a.scale_rows = pr.scale_rows;
+  a.num_rows = pr.num_rows;
+  a.top_k = pr.top_k;
+  a.hidden = pr.hidden;
+  a.range_start = pr.range_start;
+  a.order = b.order;
+  a.rank = b.rank;
+  a.first = b.first;
+  a.end = b.end;
+  a.flags = b.flags;
+  a.drop_pad = pr.drop_pad;
+  a.capacity = pr.expert_capacity;
+  a.row_limit = pr.row_limit;
+  a.rows = pr.expanded_rows;
+  a.ascend_950 = pr.numerics == Numerics::ascend_950;
+  a.expanded_x = pr.expanded_x;
+  a.expanded_scale = pr.expanded_scale;
+  a.expanded_topk_weight = pr.expanded_topk_weight;
+  return a;
+}
+
+/// The arguments of the counts kernel (7).
+inline CountArgs count_args(const detail::RoutingProblem& pr, const RoutingBuffers& b) {
+  CountArgs c{};
+  c.first = b.first;
+  c.end = b.end;
+  c.range = pr.range_end - pr.range_start;
+  c.range_start = pr.range_start;
+  c.expert_num = pr.expert_num;
+  c.format = pr.count_format;
+  c.int64_output = pr.count_dtype == DType::int64;
+  c.counts = pr.counts;
+  return c;
+}
+
 /// Bits that hold every value in [0, n] (at least 1, at most 32): the radix sort's key width.
 inline int key_bits(uint64_t n) {
   int bits = 1;

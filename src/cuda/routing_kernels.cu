@@ -335,7 +335,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   // The V2 API without counts or drop-pad routes ids in [0, INT64_MAX): the key range is only
   // known after the key pass (whose verdict is read back anyway).
   const bool track_max = range > kInt32Max;
-  const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;
+  const bool tail = scatter_tail(pr);
 
   // Scratch: sizing pass, then the real layout over one allocation.
   size_t sort_temp = 0;
@@ -346,10 +346,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
                 static_cast<int32_t*>(nullptr), int(P), 0, 32, stream));
   }
-  struct Buffers {
-    Flags* flags;
-    uint32_t *keys, *sorted_keys;
-    int32_t *positions, *order, *tail_order, *rank, *first, *end;
+  struct Buffers : RoutingBuffers {
     char* sort_temp;
   };
   auto layout = [&](ScratchLayout& l) {
@@ -360,7 +357,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
     b.sorted_keys = l.take<uint32_t>(pairs);
     b.positions = l.take<int32_t>(pairs);
     b.order = l.take<int32_t>(pairs);
-    b.tail_order = l.take<int32_t>(scatter_tail ? pairs : 0);
+    b.tail_order = l.take<int32_t>(tail ? pairs : 0);
     b.rank = l.take<int32_t>(pairs);
     b.first = l.take<int32_t>(needs_bounds ? size_t(range) : 0);
     b.end = l.take<int32_t>(needs_bounds ? size_t(range) : 0);
@@ -415,7 +412,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
         b.sorted_keys, P, needs_bounds ? b.first : nullptr, needs_bounds ? b.end : nullptr,
         b.flags);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_bounds"));
-    if (scatter_tail) {
+    if (tail) {
       routing_tail_keys<<<unsigned(pair_blocks), kThreads, 0, stream>>>(
           pr.expert_idx, P, pr.range_start, pr.range_end, b.keys);
       MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_tail_keys"));
@@ -427,63 +424,20 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
     }
 
     // 5. expanded_row_idx.
-    RowIdxArgs r{};
-    r.order = b.order;
-    r.tail_order = b.tail_order;
-    r.sorted_keys = b.sorted_keys;
-    r.first = b.first;
-    r.pairs = P;
-    r.capacity = pr.expert_capacity;
-    r.layout = pr.drop_pad    ? RowIdxLayout::drop_pad
-               : scatter_tail ? RowIdxLayout::scatter
-                              : RowIdxLayout::gather;
-    r.flags = b.flags;
-    r.expanded_row_idx = pr.expanded_row_idx;
-    r.rank = b.rank;
+    const RowIdxArgs r = row_idx_args(pr, b);
     routing_row_idx<<<unsigned(pair_blocks), kThreads, 0, stream>>>(r);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_row_idx"));
   }
 
   // 6. The rows.
   if (pr.expanded_rows > 0) {
-    RowsArgs a{};
-    a.x = pr.x;
-    a.expert_idx = pr.expert_idx;
-    a.scale = pr.scale;
-    a.offset = pr.offset;
-    a.topk_weight = pr.topk_weight;
-    a.scale_rows = pr.scale_rows;
-    a.num_rows = pr.num_rows;
-    a.top_k = pr.top_k;
-    a.hidden = H;
-    a.range_start = pr.range_start;
-    a.order = b.order;
-    a.rank = b.rank;
-    a.first = b.first;
-    a.end = b.end;
-    a.flags = b.flags;
-    a.drop_pad = pr.drop_pad;
-    a.capacity = pr.expert_capacity;
-    a.row_limit = pr.row_limit;
-    a.rows = pr.expanded_rows;
-    a.ascend_950 = pr.numerics == Numerics::ascend_950;
-    a.expanded_x = pr.expanded_x;
-    a.expanded_scale = pr.expanded_scale;
-    a.expanded_topk_weight = pr.expanded_topk_weight;
+    const RowsArgs a = rows_args(pr, b);
     MOE_ROUTING_RETURN_IF_ERROR(launch_rows(op, pr, a, stream));
   }
 
   // 7. The counts.
   if (pr.count_format != CountFormat::none) {
-    CountArgs c{};
-    c.first = b.first;
-    c.end = b.end;
-    c.range = range;
-    c.range_start = pr.range_start;
-    c.expert_num = pr.expert_num;
-    c.format = pr.count_format;
-    c.int64_output = pr.count_dtype == DType::int64;
-    c.counts = pr.counts;
+    const CountArgs c = count_args(pr, b);
     routing_counts<<<1, kThreads, 0, stream>>>(c);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_counts"));
   }

@@ -125,22 +125,29 @@ inline ExecConfig forward_config(const Runner& runner, uint64_t size,
   return config;
 }
 
-/// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
-inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
-  ForwardResult r;
-  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
-                                    c.offset.view(), c.topk_weight.view(), c.attrs, &r.plan);
-  if (!r.status.is_ok()) return r;
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
-                       &r.expanded_topk_weight};
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expanded_scale,
-                               &r.plan.expanded_topk_weight};
+/// Infers the case's plan and allocates the produced outputs from it (poisoned); the others stay
+/// absent. False (with r->status) when shape inference fails.
+inline bool plan_outputs(ForwardCase& c, ForwardResult* r) {
+  r->status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
+                                     c.offset.view(), c.topk_weight.view(), c.attrs, &r->plan);
+  if (!r->status.is_ok()) return false;
+  Tensor* outputs[] = {&r->expanded_x, &r->expanded_row_idx, &r->counts, &r->expanded_scale,
+                       &r->expanded_topk_weight};
+  const OutputSpec* specs[] = {&r->plan.expanded_x, &r->plan.expanded_row_idx,
+                               &r->plan.expert_tokens_count_or_cumsum, &r->plan.expanded_scale,
+                               &r->plan.expanded_topk_weight};
   for (int i = 0; i < 5; ++i)
     if (specs[i]->produced) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
+  return true;
+}
+
+/// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
+inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
+  ForwardResult r;
+  if (!plan_outputs(c, &r)) return r;
   std::vector<unsigned char> workspace;
   r.status = moe_init_routing(
       c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(), c.topk_weight.view(),
@@ -182,19 +189,25 @@ struct V2Result {
   Tensor expanded_x, expanded_row_idx, counts, before_capacity;
 };
 
-inline V2Result run_v2(V2Case& c, const Runner& runner) {
-  V2Result r;
-  r.status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r.plan);
-  if (!r.status.is_ok()) return r;
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum,
-                               &r.plan.expert_tokens_before_capacity};
+/// plan_outputs for moe_init_routing_v2.
+inline bool plan_outputs(V2Case& c, V2Result* r) {
+  r->status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r->plan);
+  if (!r->status.is_ok()) return false;
+  Tensor* outputs[] = {&r->expanded_x, &r->expanded_row_idx, &r->counts, &r->before_capacity};
+  const OutputSpec* specs[] = {&r->plan.expanded_x, &r->plan.expanded_row_idx,
+                               &r->plan.expert_tokens_count_or_cumsum,
+                               &r->plan.expert_tokens_before_capacity};
   for (int i = 0; i < 4; ++i)
     if (specs[i]->produced) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
+  return true;
+}
+
+inline V2Result run_v2(V2Case& c, const Runner& runner) {
+  V2Result r;
+  if (!plan_outputs(c, &r)) return r;
   std::vector<unsigned char> workspace;
   r.status = moe_init_routing_v2(
       c.x.view(), c.expert_idx.view(), c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(),

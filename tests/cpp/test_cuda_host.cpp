@@ -332,7 +332,6 @@ Status simulate_forward(const RoutingProblem& pr, bool reject_unrouted) {
   const int64_t range = end - start;
   const bool needs_bounds = pr.needs_counts();
   const bool track_max = range > cuda::kInt32Max;
-  const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;
   Flags flags{cuda::kNoError, 0, 0, 0};
   const size_t pairs = static_cast<size_t>(P);
   std::vector<uint32_t> keys(pairs), sorted_keys;
@@ -355,59 +354,32 @@ Status simulate_forward(const RoutingProblem& pr, bool reject_unrouted) {
   if (track_max) bits = cuda::key_bits(uint64_t(flags.max_key) + 1);
 
   // 2-4. the sorts and the bounds.
-  const std::vector<int32_t> order = radix_sort(keys, bits, &sorted_keys);
+  std::vector<int32_t> order = radix_sort(keys, bits, &sorted_keys);
   for (int64_t d = 0; d < P; ++d)
     cuda::bounds_at(sorted_keys.data(), P, d, needs_bounds ? first.data() : nullptr,
                     needs_bounds ? bound_end.data() : nullptr, &flags.routed);
   std::vector<int32_t> tail_order;
-  if (scatter_tail) {
+  if (cuda::scatter_tail(pr)) {
     for (int64_t p = 0; p < P; ++p) keys[size_t(p)] = cuda::tail_key(pr.expert_idx[p], start, end);
     std::vector<uint32_t> unused;
     tail_order = radix_sort(keys, 32, &unused);
   }
 
   // 5. expanded_row_idx.
-  RowIdxArgs r{};
-  r.order = order.data();
-  r.tail_order = tail_order.data();
-  r.sorted_keys = sorted_keys.data();
-  r.first = first.data();
-  r.pairs = P;
-  r.capacity = pr.expert_capacity;
-  r.layout = pr.drop_pad    ? cuda::RowIdxLayout::drop_pad
-             : scatter_tail ? cuda::RowIdxLayout::scatter
-                            : cuda::RowIdxLayout::gather;
-  r.flags = &flags;
-  r.expanded_row_idx = pr.expanded_row_idx;
-  r.rank = rank.data();
+  cuda::RoutingBuffers b{};
+  b.flags = &flags;
+  b.sorted_keys = sorted_keys.data();
+  b.order = order.data();
+  b.tail_order = tail_order.data();
+  b.rank = rank.data();
+  b.first = first.data();
+  b.end = bound_end.data();
+  const RowIdxArgs r = cuda::row_idx_args(pr, b);
   for (int64_t d = 0; d < P; ++d) cuda::row_idx_at(r, flags.routed, d);
 
   // 6. the rows.
   if (pr.expanded_rows > 0) {
-    RowsArgs a{};
-    a.x = pr.x;
-    a.expert_idx = pr.expert_idx;
-    a.scale = pr.scale;
-    a.offset = pr.offset;
-    a.topk_weight = pr.topk_weight;
-    a.scale_rows = pr.scale_rows;
-    a.num_rows = pr.num_rows;
-    a.top_k = pr.top_k;
-    a.hidden = pr.hidden;
-    a.range_start = start;
-    a.order = order.data();
-    a.rank = rank.data();
-    a.first = first.data();
-    a.end = bound_end.data();
-    a.flags = &flags;
-    a.drop_pad = pr.drop_pad;
-    a.capacity = pr.expert_capacity;
-    a.row_limit = pr.row_limit;
-    a.rows = pr.expanded_rows;
-    a.ascend_950 = pr.numerics == Numerics::ascend_950;
-    a.expanded_x = pr.expanded_x;
-    a.expanded_scale = pr.expanded_scale;
-    a.expanded_topk_weight = pr.expanded_topk_weight;
+    const RowsArgs a = cuda::rows_args(pr, b);
     if (pr.quant_mode == -1) {
       const int64_t row_bytes = pr.hidden * int64_t(dtype_size(pr.x_dtype));
       switch (cuda::copy_width(row_bytes, pr.x, pr.expanded_x)) {
@@ -428,15 +400,7 @@ Status simulate_forward(const RoutingProblem& pr, bool reject_unrouted) {
 
   // 7. the counts (the kernel's block-wide scans, sequentially).
   if (pr.count_format != CountFormat::none) {
-    cuda::CountArgs c{};
-    c.first = first.data();
-    c.end = bound_end.data();
-    c.range = range;
-    c.range_start = start;
-    c.expert_num = pr.expert_num;
-    c.format = pr.count_format;
-    c.int64_output = pr.count_dtype == DType::int64;
-    c.counts = pr.counts;
+    const cuda::CountArgs c = cuda::count_args(pr, b);
     int64_t running = 0, row = 0;
     for (int64_t j = 0; j < range; ++j) {
       const int64_t count = cuda::count_at(c, j);
@@ -464,19 +428,7 @@ using testing::V2Result;
 /// does.
 ForwardResult simulate(ForwardCase& c) {
   ForwardResult r;
-  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
-                                    c.offset.view(), c.topk_weight.view(), c.attrs, &r.plan);
-  if (!r.status.is_ok()) return r;
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
-                       &r.expanded_topk_weight};
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expanded_scale,
-                               &r.plan.expanded_topk_weight};
-  for (int i = 0; i < 5; ++i)
-    if (specs[i]->produced) {
-      *outputs[i] = Tensor::from_spec(*specs[i]);
-      outputs[i]->poison();
-    }
+  if (!testing::plan_outputs(c, &r)) return r;
   RoutingProblem pr = detail::routing_problem(r.plan);
   pr.x = c.x.view().data;
   pr.expert_idx = c.expert_idx.as<int32_t>();
@@ -496,17 +448,7 @@ ForwardResult simulate(ForwardCase& c) {
 /// The V2 case through the simulated kernels (ids are checked by the key pass, as on the GPU).
 V2Result simulate(V2Case& c) {
   V2Result r;
-  r.status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r.plan);
-  if (!r.status.is_ok()) return r;
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum,
-                               &r.plan.expert_tokens_before_capacity};
-  for (int i = 0; i < 4; ++i)
-    if (specs[i]->produced) {
-      *outputs[i] = Tensor::from_spec(*specs[i]);
-      outputs[i]->poison();
-    }
+  if (!testing::plan_outputs(c, &r)) return r;
   RoutingProblem pr = detail::routing_problem(r.plan);
   pr.x = c.x.view().data;
   pr.expert_idx = c.expert_idx.as<int32_t>();
