@@ -35,8 +35,9 @@ void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, Cp
 uint64_t workspace_bytes(const detail::RoutingProblem& problem, int num_threads);
 
 /// moe_init_routing_grad: units of (output row, column tile) in parallel, each output element's
-/// addends summed in the plan's order (cpu/grad_kernel_impl.h). Allocates nothing. Arguments as
-/// for moe_init_routing.
+/// addends summed in the plan's order (cpu/grad_kernel_impl.h). Allocates nothing. The problem
+/// has at least one output element (the entry point returns before otherwise). Arguments as for
+/// moe_init_routing.
 void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa);
 
 }  // namespace moe_routing::cpu

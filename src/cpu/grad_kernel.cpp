@@ -9,7 +9,6 @@ namespace moe_routing::cpu {
 
 void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa) {
   const MoeInitRoutingGradPlan& plan = problem.plan;
-  if (plan.num_rows == 0 || plan.hidden == 0) return;  // nothing to write
   GradKernelArgs args;
   args.grad_expanded_x = problem.grad_expanded_x;
   args.expanded_row_idx = problem.expanded_row_idx;

@@ -27,6 +27,8 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
 #endif
   MOE_ROUTING_RETURN_IF_ERROR(
       check_moe_init_routing_grad_indices(problem.expanded_row_idx, problem.plan));
+  // Nothing to write: no backend runs (top_k, unbounded by any buffer then, sizes nothing).
+  if (problem.plan.num_rows == 0 || problem.plan.hidden == 0) return Status::ok();
   if (config.backend == Backend::reference)
     reference::moe_init_routing_grad(problem);
   else
