@@ -372,7 +372,7 @@ struct Driver {
   std::function<mrStatus(mrExecutor*)> foreign_phase_two;
   /// Whether phase one reports a workspace (the forward operators' sort scratch) or none.
   bool needs_workspace = false;
-  /// Optional setter between the phases (order, flavour); returns whether it succeeded.
+  /// Optional setters between the phases (numerics, order); returns whether it succeeded.
   std::function<void(Input&, mrExecutor*)> configure;
   /// The same call through the C++ API with the given configuration, writing the mirrors.
   std::function<Status(const std::vector<FuzzTensor*>& mirrors, const ExecConfig&)> cpp;
@@ -539,9 +539,13 @@ void fuzz_grad(Input& in, Generator& gen) {
     return mrMoeInitRoutingV2Grad(w, ws, ex, nullptr);
   };
   d.foreign_phase_two = [](mrExecutor* ex) { return mrMoeInitRouting(nullptr, 0, ex, nullptr); };
-  AccumulationOrder chosen = AccumulationOrder::tree;
+  Numerics numerics = Numerics::atlas_a2;
+  AccumulationOrder chosen = AccumulationOrder::from_numerics;
   d.configure = [&](Input& input, mrExecutor* ex) {
-    if (input.rarely(64)) FUZZ_CHECK(mrSetQuantFlavour(ex, 0) == MR_ERROR_INVALID_ARGUMENT, "");
+    if (input.rarely(4)) {  // the numerics' order, unless the order setter below overrides it
+      FUZZ_CHECK(mrSetNumerics(ex, MR_NUMERICS_ASCEND_950) == MR_SUCCESS, "numerics setter");
+      numerics = Numerics::ascend_950;
+    }
     const mrStatus s = mrSetAccumulationOrder(ex, order);
     FUZZ_CHECK((s == MR_SUCCESS) == (order == 0 || order == 1), "order setter");
     if (s == MR_SUCCESS) chosen = AccumulationOrder(order);
@@ -551,6 +555,7 @@ void fuzz_grad(Input& in, Generator& gen) {
     attrs.top_k = top_k;
     attrs.drop_pad_mode = drop_pad_mode;
     attrs.active_num = active_num;
+    attrs.numerics = numerics;
     attrs.order = chosen;
     return moe_init_routing_grad(grad.view(), idx.view(), attrs, m[0]->view(), config);
   };
@@ -658,7 +663,7 @@ void fuzz_routing(Input& in, Generator& gen) {
   uint64_t range_length = with_range ? 2 : 0;
   if (in.rarely(4)) range_length = uint64_t(in.below(4));
   const bool range_null = in.rarely(3);
-  const int32_t flavour = in.enumeration(int32_t(in.byte() % 2), 2);
+  const int32_t numerics = in.enumeration(int32_t(in.byte() % 2), 2);
 
   FuzzTensor x, ids, scale, offset, weight;
   FuzzTensor expanded_x, expanded_row_idx, counts, expanded_scale, expanded_weight;
@@ -707,13 +712,13 @@ void fuzz_routing(Input& in, Generator& gen) {
   };
   d.needs_workspace = true;
   d.foreign_phase_two = [](mrExecutor* ex) { return mrMoeInitRoutingV2(nullptr, 0, ex, nullptr); };
-  QuantFlavour chosen = QuantFlavour::atlas_a2;
+  Numerics chosen = Numerics::atlas_a2;
   d.configure = [&](Input& input, mrExecutor* ex) {
     if (input.rarely(64))
       FUZZ_CHECK(mrSetAccumulationOrder(ex, 0) == MR_ERROR_INVALID_ARGUMENT, "");
-    const mrStatus s = mrSetQuantFlavour(ex, flavour);
-    FUZZ_CHECK((s == MR_SUCCESS) == (flavour == 0 || flavour == 1), "flavour setter");
-    if (s == MR_SUCCESS) chosen = QuantFlavour(flavour);
+    const mrStatus s = mrSetNumerics(ex, numerics);
+    FUZZ_CHECK((s == MR_SUCCESS) == (numerics == 0 || numerics == 1), "numerics setter");
+    if (s == MR_SUCCESS) chosen = Numerics(numerics);
   };
   d.cpp = [&](const std::vector<FuzzTensor*>& m, const ExecConfig& config) {
     MoeInitRoutingAttrs attrs;
@@ -727,7 +732,7 @@ void fuzz_routing(Input& in, Generator& gen) {
     attrs.has_active_expert_range = range_length != 0;
     attrs.active_expert_range = {range[0], range[1]};
     attrs.row_idx_type = row_idx_type;
-    attrs.flavour = chosen;
+    attrs.numerics = chosen;
     return moe_init_routing(x.view(), ids.view(), scale.view(), offset.view(), weight.view(), attrs,
                             m[0]->view(), m[1]->view(), m[2]->view(), m[3]->view(), m[4]->view(),
                             config);

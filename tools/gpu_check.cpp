@@ -1,5 +1,5 @@
 // moe_routing_gpu_check: the CUDA backend against the CPU backend, bit for bit, on random inputs
-// for every scenario, dtype, order and quantisation flavour of both operators, then benchmarks at
+// for every scenario, dtype, order and quantisation numerics of both operators, then benchmarks at
 // model shapes in GB/s against a device-to-device cudaMemcpy measured in the same run.
 // Run by tools/gpu_check.sh (docs/cuda.md); needs no GoogleTest.
 //
@@ -321,9 +321,9 @@ void check_forward() {
     for (int scenario = 0; scenario < 4; ++scenario)  // dropless, partial range, active, drop-pad
       for (int64_t quant : {-1, 0, 1})
         for (int64_t row_idx_type : {0, 1})
-          for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950}) {
+          for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
             if (scenario == 3 && (quant != -1 || row_idx_type != 0)) continue;
-            if (quant == -1 && flavour == QuantFlavour::ascend_950) continue;
+            if (quant == -1 && numerics == Numerics::ascend_950) continue;
             bool ok = true;
             std::string first;
             for (int repeat = 0; repeat < 6; ++repeat) {
@@ -341,7 +341,7 @@ void check_forward() {
               a.expert_num = E;
               a.quant_mode = quant;
               a.row_idx_type = row_idx_type;
-              a.flavour = flavour;
+              a.numerics = numerics;
               a.expert_tokens_num_flag = rng() % 4 != 0;
               a.expert_tokens_num_type = uniform(rng, 0, 2);
               int64_t range = E;
@@ -393,7 +393,7 @@ void check_forward() {
             const std::string name = std::string("moe_init_routing ") + dtype_name(dtype) + " " +
                                      scenarios[scenario] + " quant " + std::to_string(quant) +
                                      " row_idx_type " + std::to_string(row_idx_type) + " " +
-                                     quant_flavour_name(flavour);
+                                     numerics_name(numerics);
             report(ok, name + first);
             std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
           }

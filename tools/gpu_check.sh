@@ -7,7 +7,7 @@
 #      is installed;
 #   2. runs the CUDA test suite (GPU tests bitwise against the CPU backend), if it was built;
 #   3. runs moe_routing_gpu_check (tools/gpu_check.cpp): CUDA vs CPU backend bit for bit on random
-#      inputs for every scenario, dtype, order and flavour of both operators (PASS/FAIL), then the
+#      inputs for every scenario, dtype, order and numerics of both operators (PASS/FAIL), then the
 #      benchmarks at DeepSeek-V3 (H 7168, E 256, K 8), Qwen3 (4096, 128, 8) and Mixtral (4096, 8, 2)
 #      shapes, in GB/s against a device-to-device cudaMemcpy measured in the same run;
 #   4. if python3 imports torch with CUDA: PyTorch eager baselines at the same shapes, and the torch

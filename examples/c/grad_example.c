@@ -4,9 +4,9 @@
  * the workspace, run, read the result back, release everything.
  *
  * The input is the worked example G1 of docs/spec/moe_init_routing.md §1.10 (dropless,
- * top_k = 3, float32), run once in each accumulation order; the two orders give different bits
- * for row 0, column 0. The program checks every element exactly and exits with 1 on any mismatch
- * or error.
+ * top_k = 3, float32), run once with each device's numerics: Atlas A2/A3 sums in the tree
+ * order, Ascend 950 in the sequential order, and the two orders give different bits for row 0,
+ * column 0. The program checks every element exactly and exits with 1 on any mismatch or error.
  *
  * Build: cc -std=c99 grad_example.c -lmoe_routing -lstdc++ -lpthread (or through CMake:
  * target_link_libraries(app PRIVATE moe_routing::moe_routing)).
@@ -31,8 +31,9 @@
 
 enum { kTokens = 2, kTopK = 3, kHidden = 2, kPairs = kTokens * kTopK };
 
-/* One run of the backward in the given order; writes grad_x [kTokens, kHidden]. 0 on success. */
-static int run_backward(mrAccumulationOrder order, const float* grad_expanded_x_host,
+/* One run of the backward with the given numerics; writes grad_x [kTokens, kHidden]. 0 on
+ * success. */
+static int run_backward(mrNumerics numerics, const float* grad_expanded_x_host,
                         const int32_t* expanded_row_idx_host, float* grad_x_host) {
   int result = 1;
   mrTensor* grad_expanded_x = NULL;
@@ -66,8 +67,9 @@ static int run_backward(mrAccumulationOrder order, const float* grad_expanded_x_
   /* 3. Phase one: validate and plan; no data is read. */
   CHECK_STATUS(mrMoeInitRoutingV2GradGetWorkspaceSize(grad_expanded_x, expanded_row_idx, kTopK, 0,
                                                       0, grad_x, &workspace_size, &executor));
-  /* The order is an executor setting (aclnn has no argument for it). */
-  CHECK_STATUS(mrSetAccumulationOrder(executor, order));
+  /* The numerics (hence the order) are an executor setting: aclnn has no argument for them.
+   * mrSetAccumulationOrder could override the order they imply. */
+  CHECK_STATUS(mrSetNumerics(executor, numerics));
 
   /* 4. Allocate the workspace phase one asked for (none on the CPU). */
   if (workspace_size > 0) {
@@ -115,17 +117,17 @@ int main(void) {
   const float expected_sequential[kTokens * kHidden] = {0x1p-30f, 3.75f, 0.875f, 1.5f};
   const struct {
     const char* name;
-    mrAccumulationOrder order;
+    mrNumerics numerics;
     const float* expected;
-  } runs[2] = {{"tree", MR_ACCUMULATION_TREE, expected_tree},
-               {"sequential", MR_ACCUMULATION_SEQUENTIAL, expected_sequential}};
+  } runs[2] = {{"tree", MR_NUMERICS_ATLAS_A2, expected_tree},
+               {"sequential", MR_NUMERICS_ASCEND_950, expected_sequential}};
   int failures = 0;
   int r, i;
 
   for (r = 0; r < 2; ++r) {
     float grad_x[kTokens * kHidden];
     memset(grad_x, 0x7f, sizeof grad_x); /* poison: an unwritten element shows */
-    if (run_backward(runs[r].order, grad_expanded_x, expanded_row_idx, grad_x) != 0) {
+    if (run_backward(runs[r].numerics, grad_expanded_x, expanded_row_idx, grad_x) != 0) {
       ++failures;
       continue;
     }

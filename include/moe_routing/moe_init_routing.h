@@ -6,7 +6,8 @@
 //   moe_init_routing     the torch API cann_ops_transformer.moe_init_routing, i.e. CANN V4
 //                        (spec §3): adds active_expert_range, row_idx_type, int64 counts
 //                        (cumsum / count / key_value), topk_weight, and int8 quantisation
-//                        (quant_mode 0 static, 1 dynamic) in two numerics flavours.
+//                        (quant_mode 0 static, 1 dynamic) in the arithmetic of either device
+//                        (Numerics).
 //
 // Pairs are numbered by their flat position p = i*K + t in expert_idx [N, K] (row-major). Both
 // operators sort the routed pairs stably by (expert id, p): ties keep ascending flat position.
@@ -32,24 +33,11 @@
 #include <cstdint>
 #include <string>
 
+#include "moe_routing/numerics.h"
 #include "moe_routing/status.h"
 #include "moe_routing/tensor.h"
 
 namespace moe_routing {
-
-/// Shape and dtype of one output as shape inference decides it.
-struct OutputSpec {
-  /// False when the configuration does not produce this output (see the file comment).
-  bool produced = false;
-  DType dtype = DType::float32;
-  int ndim = 0;
-  int64_t shape[3] = {0, 0, 0};
-
-  int64_t numel() const;
-};
-
-/// "[2, 3]"
-std::string shape_string(const OutputSpec& spec);
 
 // ------------------------------------------------------------------------------------------
 // moe_init_routing_v2 (aclnnMoeInitRoutingV2)
@@ -135,19 +123,6 @@ uint64_t moe_init_routing_v2_workspace_size(const MoeInitRoutingV2Plan& plan, in
 // moe_init_routing (torch API cann_ops_transformer.moe_init_routing / aclnnMoeInitRoutingV4)
 // ------------------------------------------------------------------------------------------
 
-/// Numerics of the int8 quantisation (spec §3.3, DECISIONS.md §2).
-enum class QuantFlavour : int32_t {
-  /// Atlas A2/A3 kernels (default): static quant in float32, dynamic scale m / 127.
-  atlas_a2 = 0,
-  /// Ascend 950 kernels: static quant in float16, dynamic scale m * float32(1/127).
-  ascend_950 = 1,
-};
-
-/// "atlas_a2" or "ascend_950".
-const char* quant_flavour_name(QuantFlavour flavour);
-/// Parses "atlas_a2" / "ascend_950"; returns false for anything else.
-bool parse_quant_flavour(const char* text, QuantFlavour* flavour);
-
 /// Experts [start, end) handled by this call; pairs routed elsewhere are not routed.
 struct ActiveExpertRange {
   int64_t start = 0;
@@ -177,7 +152,8 @@ struct MoeInitRoutingAttrs {
   /// 0 = gather (indexed by flat position, -1 for pairs not routed);
   /// 1 = scatter (indexed by destination row, holds the flat position).
   int64_t row_idx_type = 0;
-  QuantFlavour flavour = QuantFlavour::atlas_a2;
+  /// The int8 quantisation arithmetic of quant_mode 0 and 1 (numerics.h).
+  Numerics numerics = Numerics::atlas_a2;
 };
 
 struct MoeInitRoutingPlan {
@@ -193,7 +169,7 @@ struct MoeInitRoutingPlan {
   /// Dropless: at most this many routed rows are written (active_num > 0 ? active_num : N*K).
   int64_t row_limit = 0;
   int64_t quant_mode = -1;
-  QuantFlavour flavour = QuantFlavour::atlas_a2;
+  Numerics numerics = Numerics::atlas_a2;
   int64_t row_idx_type = 0;
   int64_t expert_tokens_num_type = 0;
   bool expert_tokens_num_flag = false;

@@ -9,24 +9,30 @@
 
 #include <cstdint>
 
+#include "moe_routing/numerics.h"
 #include "moe_routing/status.h"
 #include "moe_routing/tensor.h"
 
 namespace moe_routing {
 
-/// The float32 order in which each output element's addends are summed. Both are contracts:
-/// every backend gives the same bits for the same inputs and order.
+/// The float32 order in which each output element's addends are summed. Both orders are
+/// contracts: every backend gives the same bits for the same inputs and order.
 enum class AccumulationOrder : int32_t {
-  /// Atlas A2/A3 kernel order (default): addends dealt into 2^L bins, bins summed pairwise.
+  /// The order of the attrs' numerics (the default): tree for atlas_a2, sequential for
+  /// ascend_950. Shape inference resolves it; a plan never holds it.
+  from_numerics = -1,
+  /// Atlas A2/A3 kernel order: addends dealt into 2^L bins, bins summed pairwise.
   tree = 0,
   /// Ascend 950 kernel order: acc = +0.0; acc += addend for t = 0 .. top_k-1.
   sequential = 1,
 };
 
-/// "tree" or "sequential".
+/// "from_numerics", "tree" or "sequential".
 const char* accumulation_order_name(AccumulationOrder order);
-/// Parses "tree" / "sequential"; returns false for anything else.
+/// Parses "tree" / "sequential" (the explicit orders); returns false for anything else.
 bool parse_accumulation_order(const char* text, AccumulationOrder* order);
+/// The order of a device's backward kernel: tree (atlas_a2) or sequential (ascend_950).
+AccumulationOrder accumulation_order_of(Numerics numerics);
 
 /// The three scenarios, decided by drop_pad_mode and active_num.
 enum class GradScenario : int32_t {
@@ -43,7 +49,10 @@ struct MoeInitRoutingGradAttrs {
   int64_t top_k = 0;          // K, > 0
   int64_t drop_pad_mode = 0;  // 0 = dropless/active, 1 = drop-pad
   int64_t active_num = 0;     // >= 0; > 0 selects the active scenario when drop_pad_mode == 0
-  AccumulationOrder order = AccumulationOrder::tree;
+  /// An explicit order overrides the numerics' one (from_numerics: none).
+  AccumulationOrder order = AccumulationOrder::from_numerics;
+  /// The device whose backward is reproduced: its accumulation order (numerics.h).
+  Numerics numerics = Numerics::atlas_a2;
 };
 
 /// Everything shape inference decides; all a kernel needs besides the data pointers.
@@ -56,6 +65,7 @@ struct MoeInitRoutingGradPlan {
   int64_t source_rows = 0;       // rows of grad_expanded_x viewed as [rows, H]
   /// Index values >= skip_from are skipped (active_num in the active scenario, else INT64_MAX).
   int64_t skip_from = 0;
+  /// The resolved order: tree or sequential, never from_numerics.
   AccumulationOrder order = AccumulationOrder::tree;
   int64_t grad_x_shape[2] = {0, 0};  // [N, H]
 };

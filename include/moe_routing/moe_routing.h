@@ -9,12 +9,16 @@
  *      reading data (shapes, dtypes, devices, attributes, missing buffers), plans the call, and
  *      returns the workspace size and an executor. No tensor data is read or written. The
  *      workspace size depends on the shapes, attributes and thread count only, never on data.
- *   3. Optionally tune the executor (mrSetAccumulationOrder, mrSetQuantFlavour).
+ *      Phase one validates with the very function the C++ API's entry point uses, so both accept
+ *      and reject the same calls with the same messages.
+ *   3. Optionally tune the executor (mrSetNumerics, mrSetAccumulationOrder).
  *   4. Phase two, mr<Operator>(workspace, workspaceSize, executor, stream): validates the index
- *      values, computes, and frees the executor. It allocates no memory: the forward operators'
- *      sort runs in the caller's workspace (the backward needs none: size 0). The thread count
- *      is the library default (mrSetNumThreads) at phase one, and the pool's threads are started
- *      there.
+ *      values, computes, and frees the executor. On CPU tensors it allocates no memory: the
+ *      forward operators' sort runs in the caller's workspace (the backward needs none: size 0).
+ *      The thread count is the library default (mrSetNumThreads) at phase one, and the pool's
+ *      threads are started there. On CUDA tensors (builds with the CUDA backend) the work is
+ *      queued on `stream` and its scratch comes from the library's device memory pool
+ *      (workspace size 0); see docs/cuda.md.
  *   5. Destroy the tensor handles (mrDestroyTensor). The buffers remain the caller's.
  *
  * Conventions (every function):
@@ -71,11 +75,13 @@ enum {
   /** An invalid argument whose *value* is an out-of-range index (expanded_row_idx, expert_idx);
    *  only phase two reports it, since only phase two reads data. */
   MR_ERROR_INDEX_OUT_OF_RANGE = 2,
-  /** A valid request that is not implemented (a CUDA tensor, quant_mode 2..17). */
+  /** A valid request that is not implemented (a CUDA tensor in a build without the CUDA
+   *  backend, quant_mode 2..17). */
   MR_ERROR_NOT_SUPPORTED = 3,
   /** A bug in moe_routing (an unexpected C++ exception was caught at the ABI boundary). */
   MR_ERROR_INTERNAL = 4,
-  /** The environment failed: memory could not be allocated. */
+  /** The environment failed: memory could not be allocated, or (CUDA tensors) the CUDA runtime
+   *  reported an error. */
   MR_ERROR_RUNTIME = 5
 };
 
@@ -108,31 +114,37 @@ enum {
   MR_INT64 = 5
 };
 
-/** Where a tensor's buffer lives. The C ABI runs the CPU kernels only: an operator given a CUDA
- *  tensor returns MR_ERROR_NOT_SUPPORTED from phase one. */
+/** Where a tensor's buffer lives. CUDA tensors run on the GPU in builds with the CUDA backend
+ *  (MOE_ROUTING_CUDA), exactly as in the C++ API; in other builds phase one refuses them with
+ *  MR_ERROR_NOT_SUPPORTED. */
 typedef int32_t mrDevice;
 enum {
   MR_DEVICE_CPU = 0, /**< host memory */
-  MR_DEVICE_CUDA = 1 /**< CUDA device memory (not supported by the C ABI's operators yet) */
+  MR_DEVICE_CUDA = 1 /**< CUDA device memory (builds with the CUDA backend) */
 };
 
-/** The float32 summation order of the backward (docs/moe_init_routing_grad.md). Both orders are
- *  contracts: the same inputs and order give the same bits on every backend and thread count. */
+/** Which Ascend device's arithmetic the operators reproduce: one switch for the library. It
+ *  selects the int8 quantisation of mrMoeInitRouting (quantMode 0 and 1) and the float32
+ *  accumulation order of the backward. The values equal moe_routing::Numerics. */
+typedef int32_t mrNumerics;
+enum {
+  /** The Atlas A2/A3 kernels (default): static quant in float32, dynamic scale m / 127, the
+   *  backward's tree order. */
+  MR_NUMERICS_ATLAS_A2 = 0,
+  /** The Ascend 950 kernels: static quant in float16, dynamic scale m * float32(1/127), the
+   *  backward's sequential order. */
+  MR_NUMERICS_ASCEND_950 = 1
+};
+
+/** An explicit float32 summation order of the backward (docs/moe_init_routing_grad.md), which
+ *  overrides the one of the executor's numerics. Both orders are contracts: the same inputs and
+ *  order give the same bits on every backend and thread count. */
 typedef int32_t mrAccumulationOrder;
 enum {
-  /** The Atlas A2/A3 kernel's order (addends dealt into bins, bins summed pairwise). Default. */
+  /** The Atlas A2/A3 kernel's order (addends dealt into bins, bins summed pairwise). */
   MR_ACCUMULATION_TREE = 0,
   /** The Ascend 950 kernel's order: acc = +0.0, then acc += addend for t = 0 .. top_k-1. */
   MR_ACCUMULATION_SEQUENTIAL = 1
-};
-
-/** The int8 quantisation numerics of mrMoeInitRouting (quant_mode 0 and 1). */
-typedef int32_t mrQuantFlavour;
-enum {
-  /** The Atlas A2/A3 kernels: static quant in float32, dynamic scale m / 127. Default. */
-  MR_QUANT_FLAVOUR_ATLAS_A2 = 0,
-  /** The Ascend 950 kernels: static quant in float16, dynamic scale m * float32(1/127). */
-  MR_QUANT_FLAVOUR_ASCEND_950 = 1
 };
 
 /** The most dimensions a tensor may have. */
@@ -200,7 +212,8 @@ typedef struct mrTensorDesc {
  */
 typedef struct mrExecutor mrExecutor;
 
-/** A device stream (aclrtStream / cudaStream_t). Ignored by the CPU operators; pass NULL. */
+/** A device stream (aclrtStream / cudaStream_t): CUDA tensors' work is queued on it (NULL: the
+ *  default stream). Ignored for CPU tensors; pass NULL. */
 typedef void* mrStream;
 
 /**
@@ -211,10 +224,26 @@ typedef void* mrStream;
 mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
 
 /**
- * Chooses the float32 accumulation order of a backward executor (one made by
- * mrMoeInitRoutingV2GradGetWorkspaceSize) before it runs. Without this call the order is
- * MR_ACCUMULATION_TREE (the Atlas A2/A3 kernel). CANN's aclnn signature has no such argument,
- * which is why the order is an executor setting between the two phases.
+ * Chooses the numerics of an executor before it runs: the device whose arithmetic phase two
+ * reproduces. Without this call it is MR_NUMERICS_ATLAS_A2. It selects the quantisation of a
+ * mrMoeInitRouting executor (quantMode 0 and 1) and the accumulation order of a backward
+ * executor (tree for MR_NUMERICS_ATLAS_A2, sequential for MR_NUMERICS_ASCEND_950, unless
+ * mrSetAccumulationOrder chose one). moe_init_routing_v2 has no arithmetic that depends on it
+ * (no quantisation): its executors accept it and are unchanged. CANN's aclnn signatures have no
+ * such argument (the device decides), which is why it is an executor setting between the phases.
+ *
+ * @param executor  an executor not yet run; must not be NULL.
+ * @param numerics  MR_NUMERICS_ATLAS_A2 or MR_NUMERICS_ASCEND_950.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL or an unknown numerics value. The
+ *         executor is unchanged on failure.
+ */
+mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) MR_NOEXCEPT;
+
+/**
+ * Overrides the float32 accumulation order of a backward executor (one made by
+ * mrMoeInitRoutingV2GradGetWorkspaceSize) before it runs, whatever its numerics say. Without
+ * this call the order is the numerics' one (MR_ACCUMULATION_TREE for the default
+ * MR_NUMERICS_ATLAS_A2).
  *
  * @param executor  a backward executor not yet run; must not be NULL.
  * @param order     MR_ACCUMULATION_TREE or MR_ACCUMULATION_SEQUENTIAL.
@@ -222,17 +251,6 @@ mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
  *         unknown order. The executor is unchanged on failure.
  */
 mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order) MR_NOEXCEPT;
-
-/**
- * Chooses the quantisation numerics of a mrMoeInitRouting executor before it runs. Without this
- * call the flavour is MR_QUANT_FLAVOUR_ATLAS_A2. It only matters for quant_mode 0 and 1.
- *
- * @param executor  an executor made by mrMoeInitRoutingGetWorkspaceSize, not yet run; not NULL.
- * @param flavour   MR_QUANT_FLAVOUR_ATLAS_A2 or MR_QUANT_FLAVOUR_ASCEND_950.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor of another operator, or an
- *         unknown flavour. The executor is unchanged on failure.
- */
-mrStatus mrSetQuantFlavour(mrExecutor* executor, mrQuantFlavour flavour) MR_NOEXCEPT;
 
 /**
  * Sets the library-wide number of CPU threads the phases two of executors planned from now on
@@ -289,9 +307,10 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
  *                        phase two only.
  * @param workspaceSize   receives the workspace size in bytes (always 0: the backward needs
  *                        none); set to 0 on failure. Must not be NULL.
- * @param executor        receives the plan (accumulation order MR_ACCUMULATION_TREE); set to NULL
- *                        on failure. Must not be NULL.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
+ * @param executor        receives the plan (numerics MR_NUMERICS_ATLAS_A2, hence the tree order);
+ *                        set to NULL on failure. Must not be NULL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
+ *         build without the CUDA backend;
  *         MR_ERROR_RUNTIME when the executor cannot be allocated.
  */
 mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
@@ -308,7 +327,8 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
  *                       workspaceSize is 0. Used as scratch during the call only.
  * @param workspaceSize  at least the size phase one reported.
  * @param executor       from mrMoeInitRoutingV2GradGetWorkspaceSize; must not be NULL.
- * @param stream         ignored on the CPU (pass NULL).
+ * @param stream         CUDA tensors: the cudaStream_t the work is queued on (NULL: the default
+ *                       stream); ignored for CPU tensors (pass NULL).
  * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
  *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, a
  *         NULL workspace with a non-zero size, or a workspaceSize below phase one's.
@@ -372,7 +392,8 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
  *                       scratch, about 12 bytes per pair plus per-expert and per-thread
  *                       counters); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a non-CPU tensor;
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
+ *         build without the CUDA backend;
  *         MR_ERROR_RUNTIME when the executor cannot be allocated.
  */
 mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
@@ -454,8 +475,8 @@ mrStatus mrMoeInitRoutingInferShape(
 
 /**
  * Phase one of moe_init_routing (the V4-style argument order: inputs, attributes, outputs).
- * Inputs and attributes as in mrMoeInitRoutingInferShape; the quantisation flavour is
- * MR_QUANT_FLAVOUR_ATLAS_A2 unless mrSetQuantFlavour changes it.
+ * Inputs and attributes as in mrMoeInitRoutingInferShape; the quantisation numerics are
+ * MR_NUMERICS_ATLAS_A2 unless mrSetNumerics changes them.
  *
  * @param expandedXOut, expandedRowIdxOut  required outputs, exactly as inferred.
  * @param expertTokensCountOrCumsumOut, expandedScaleOut, expandedTopkWeightOut  exactly as
@@ -466,7 +487,8 @@ mrStatus mrMoeInitRoutingInferShape(
  *                       counters); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
- *         non-CPU tensor); MR_ERROR_RUNTIME when the executor cannot be allocated.
+ *         CUDA tensor in a build without the CUDA backend); MR_ERROR_RUNTIME when the executor
+ *         cannot be allocated.
  */
 mrStatus mrMoeInitRoutingGetWorkspaceSize(
     const mrTensor* x, const mrTensor* expertIdx, const mrTensor* scaleOptional,

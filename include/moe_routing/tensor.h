@@ -50,6 +50,26 @@ std::string shape_string(const TensorView& t);
 /// "2-D float16 [2, 3]"
 std::string describe(const TensorView& t);
 
+/// Shape and dtype of one output as an operator's shape inference decides it.
+struct OutputSpec {
+  /// False when the configuration does not produce this output: it may then be passed with data
+  /// null (any shape) and is ignored; given with data, it must have the planned shape and dtype
+  /// and is filled with zeros.
+  bool produced = false;
+  DType dtype = DType::float32;
+  int ndim = 0;
+  int64_t shape[3] = {0, 0, 0};
+
+  int64_t numel() const;
+};
+
+/// "[2, 3]"
+std::string shape_string(const OutputSpec& spec);
+
+/// Whether this build of the library runs operators on tensors of `device`: always for cpu; for
+/// cuda only in a build with the CUDA backend (MOE_ROUTING_CUDA), GPU present or not.
+bool device_supported(Device device);
+
 /// Which implementation runs a call.
 enum class Backend : int32_t {
   automatic = 0,  // the device's fastest implementation (CPU kernels for CPU tensors)

@@ -36,6 +36,12 @@ static_assert(MR_FLOAT32 == int(DType::float32) && MR_FLOAT16 == int(DType::floa
 static_assert(MR_DEVICE_CPU == int(Device::cpu) && MR_DEVICE_CUDA == int(Device::cuda),
               "mrDevice follows Device");
 static_assert(MR_MAX_DIMS == kMaxDims, "MR_MAX_DIMS follows kMaxDims");
+static_assert(MR_NUMERICS_ATLAS_A2 == int(Numerics::atlas_a2) &&
+                  MR_NUMERICS_ASCEND_950 == int(Numerics::ascend_950),
+              "mrNumerics follows Numerics");
+static_assert(MR_ACCUMULATION_TREE == int(AccumulationOrder::tree) &&
+                  MR_ACCUMULATION_SEQUENTIAL == int(AccumulationOrder::sequential),
+              "mrAccumulationOrder follows AccumulationOrder");
 
 constexpr const char* kCreateTensor = "mrCreateTensor: ";
 
@@ -115,46 +121,10 @@ TensorView view_of(const mrTensor* tensor) {
   return tensor == nullptr ? TensorView() : tensor->view;
 }
 
-namespace {
-
-Status check_output(const char* op, const OutputArgument& output, const char* anchor_name,
-                    Device anchor_device) {
-  const OutputSpec& spec = output.spec;
-  if (spec.produced) MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, output.name, output.handle));
-  const TensorView t = view_of(output.handle);
-  if (!spec.produced && t.data == nullptr) return Status::ok();
-  bool same = t.ndim == spec.ndim && t.dtype == spec.dtype;
-  for (int d = 0; same && d < spec.ndim; ++d) same = t.shape[d] == spec.shape[d];
-  if (!same)
-    return invalid_argument(op, output.name, " must be ", spec.ndim, "-D ", dtype_name(spec.dtype),
-                            ' ', shape_string(spec),
-                            spec.produced ? "" : " or have null data (it is not produced here)",
-                            ", got ", describe(t));
-  if (t.device != anchor_device)
-    return invalid_argument(op, output.name, " must be on the device of ", anchor_name, " (",
-                            device_name(anchor_device), "), got ", device_name(t.device));
-  if (t.data == nullptr && spec.numel() > 0)
-    return invalid_argument(op, output.name,
-                            " data must not be null for a non-empty tensor, got null");
-  return Status::ok();
-}
-
-}  // namespace
-
-Status check_before_data(const char* op, std::initializer_list<OutputArgument> outputs,
-                         std::initializer_list<InputArgument> inputs, const char* anchor_name,
-                         Device anchor_device) {
-  for (const OutputArgument& output : outputs)
-    MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor_name, anchor_device));
-  for (const InputArgument& input : inputs) {
-    const TensorView& t = input.view;
-    if (t.data == nullptr && t.ndim > 0 && t.numel() > 0)
-      return invalid_argument(op, input.name,
-                              " data must not be null for a non-empty tensor, got null");
-  }
-  if (anchor_device != Device::cpu)
-    return not_supported(op, "device must be cpu (the C ABI runs the CPU kernels only), got ",
-                         device_name(anchor_device));
+Status require_produced_outputs(const char* op, std::initializer_list<OutputHandle> outputs) {
+  for (const OutputHandle& output : outputs)
+    if (output.spec.produced)
+      MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, output.name, output.handle));
   return Status::ok();
 }
 
@@ -223,11 +193,13 @@ mrTensor::~mrTensor() { moe_routing::c_api::tensor_count.fetch_sub(1); }
 mrExecutor::mrExecutor() { moe_routing::c_api::executor_count.fetch_add(1); }
 mrExecutor::~mrExecutor() { moe_routing::c_api::executor_count.fetch_sub(1); }
 
-moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_bytes) const {
+moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_bytes,
+                                           mrStream stream) const {
   moe_routing::ExecConfig config;
   config.num_threads = num_threads;
   config.workspace = workspace;
   config.workspace_bytes = workspace_bytes;
+  config.stream = stream;
   return config;
 }
 
@@ -291,21 +263,23 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
   });
 }
 
-mrStatus mrSetQuantFlavour(mrExecutor* executor, mrQuantFlavour flavour) noexcept {
-  constexpr const char* kFunction = "mrSetQuantFlavour: ";
+mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
+  constexpr const char* kFunction = "mrSetNumerics: ";
   return guard(kFunction, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kFunction, "executor", executor));
-    if (executor->op != mrExecutor::Operator::moe_init_routing)
-      return moe_routing::invalid_argument(
-          kFunction,
-          "executor must come from mrMoeInitRoutingGetWorkspaceSize (the flavour only "
-          "applies to moe_init_routing), got an executor of another operator");
-    if (flavour != MR_QUANT_FLAVOUR_ATLAS_A2 && flavour != MR_QUANT_FLAVOUR_ASCEND_950)
+    if (!moe_routing::is_valid_numerics(numerics))
       return moe_routing::invalid_argument(kFunction,
-                                           "flavour must be MR_QUANT_FLAVOUR_ATLAS_A2 "
-                                           "(0) or MR_QUANT_FLAVOUR_ASCEND_950 (1), got ",
-                                           flavour);
-    executor->routing.attrs.flavour = moe_routing::QuantFlavour(flavour);
+                                           "numerics must be MR_NUMERICS_ATLAS_A2 (0) or "
+                                           "MR_NUMERICS_ASCEND_950 (1), got ",
+                                           numerics);
+    const moe_routing::Numerics chosen = moe_routing::Numerics(numerics);
+    switch (executor->op) {
+      case mrExecutor::Operator::moe_init_routing_grad:
+        executor->grad.attrs.numerics = chosen;
+        break;
+      case mrExecutor::Operator::moe_init_routing: executor->routing.attrs.numerics = chosen; break;
+      case mrExecutor::Operator::moe_init_routing_v2: break;  // no numerics-dependent arithmetic
+    }
     return Status::ok();
   });
 }

@@ -1,7 +1,8 @@
 // C ABI of moe_init_routing_grad (aclnnMoeInitRoutingV2Grad): shape inference, phase one, phase
-// two. Phase one runs the core's infer_moe_init_routing_grad plus the output, buffer and device
-// checks the C++ entry point makes before reading data; phase two is the C++ entry point itself.
+// two. Phase one runs the operator's validation (ops/moe_init_routing_grad/meta.h), the one the C++
+// entry point runs before reading data; phase two is the C++ entry point itself.
 #include "c_api/c_api_internal.h"
+#include "ops/moe_init_routing_grad/meta.h"
 
 namespace moe_routing::c_api {
 namespace {
@@ -19,19 +20,8 @@ Status plan_grad(const mrTensor* grad_expanded_x, const mrTensor* expanded_row_i
   call->attrs.top_k = top_k;
   call->attrs.drop_pad_mode = drop_pad_mode;
   call->attrs.active_num = active_num;
-  call->attrs.order = AccumulationOrder::tree;
   return infer_moe_init_routing_grad(call->grad_expanded_x, call->expanded_row_idx, call->attrs,
                                      plan);
-}
-
-OutputSpec grad_x_spec(const MoeInitRoutingGradPlan& plan) {
-  OutputSpec spec;
-  spec.produced = true;
-  spec.dtype = plan.dtype;
-  spec.ndim = 2;
-  spec.shape[0] = plan.grad_x_shape[0];
-  spec.shape[1] = plan.grad_x_shape[1];
-  return spec;
 }
 
 }  // namespace
@@ -52,7 +42,7 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
     MOE_ROUTING_RETURN_IF_ERROR(
         plan_grad(gradExpandedX, expandedRowIdx, topK, dropPadMode, activeNum, &call, &plan));
     MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "out", out));
-    describe_output(grad_x_spec(plan), out);
+    describe_output(moe_routing::detail::grad_x_spec(plan), out);
     return Status::ok();
   });
 }
@@ -71,11 +61,11 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
     MOE_ROUTING_RETURN_IF_ERROR(
         plan_grad(gradExpandedX, expandedRowIdx, topK, dropPadMode, activeNum, &call, &plan));
     call.grad_x = view_of(out);
-    const moe_routing::OutputSpec spec = grad_x_spec(plan);
-    MOE_ROUTING_RETURN_IF_ERROR(check_before_data(
-        kOp, {{"grad_x", out, spec}},
-        {{"grad_expanded_x", call.grad_expanded_x}, {"expanded_row_idx", call.expanded_row_idx}},
-        "grad_expanded_x", call.grad_expanded_x.device));
+    MOE_ROUTING_RETURN_IF_ERROR(
+        require_produced_outputs(kOp, {{"grad_x", out, moe_routing::detail::grad_x_spec(plan)}}));
+    MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_init_routing_grad(
+        call.grad_expanded_x, call.expanded_row_idx, call.attrs, call.grad_x, planned->config(),
+        &plan));
     finish_phase_one(std::move(planned), 0, workspaceSize, executor);  // the backward needs none
     return Status::ok();
   });
@@ -83,7 +73,6 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
 
 mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                                 mrStream stream) noexcept {
-  (void)stream;  // the CPU kernels run synchronously on the calling thread (and the pool)
   std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
   return guard(kOp, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, mrExecutor::Operator::moe_init_routing_grad,
@@ -91,7 +80,7 @@ mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecu
     const mrExecutor::Grad& call = owned->grad;
     return moe_routing::moe_init_routing_grad(call.grad_expanded_x, call.expanded_row_idx,
                                               call.attrs, call.grad_x,
-                                              owned->config(workspace, workspaceSize));
+                                              owned->config(workspace, workspaceSize, stream));
   });
 }
 

@@ -1,5 +1,7 @@
 // What the C ABI's translation units share: the handle types, the exception barrier every entry
-// point runs inside, the last-error store, and the checks phase one adds to the core's infer_*.
+// point runs inside, the last-error store, and the steps every phase one and phase two take.
+// Phase one validates a call with the operator's own validation function (ops/<operator>/meta.h),
+// the one the C++ entry point runs, so both accept and reject the same calls with the same words.
 #pragma once
 
 #include <cstdint>
@@ -40,8 +42,10 @@ struct mrExecutor {
   /// What phase one reported; phase two requires at least this much.
   uint64_t workspace_size = 0;
 
-  /// The execution settings of phase two: the planned thread count and the caller's workspace.
-  moe_routing::ExecConfig config(void* workspace, uint64_t workspace_bytes) const;
+  /// The execution settings of a phase: the planned thread count and, in phase two, the caller's
+  /// workspace and stream (phase one passes none).
+  moe_routing::ExecConfig config(void* workspace = nullptr, uint64_t workspace_bytes = 0,
+                                 mrStream stream = nullptr) const;
 
   struct Grad {
     moe_routing::TensorView grad_expanded_x, expanded_row_idx, grad_x;
@@ -105,27 +109,17 @@ Status require_non_null(const char* op, const char* name, const void* p);
 /// The view of a handle; a NULL handle is the absent (default-constructed) view.
 TensorView view_of(const mrTensor* tensor);
 
-/// An output argument of phase one: its handle (NULL allowed only when not produced) and plan.
-struct OutputArgument {
+/// An output argument of phase one: its name, handle and planned spec.
+struct OutputHandle {
   const char* name;
   const mrTensor* handle;
   const OutputSpec& spec;
 };
-/// An input argument of phase one (an absent optional input is the default view).
-struct InputArgument {
-  const char* name;
-  const TensorView& view;
-};
 
-/// Phase one's checks after shape inference, in the order the C++ entry points make them so
-/// that both report the same first mistake with the same text: every output (a produced one
-/// must be given and match its spec exactly: shape, dtype, the device of the anchor input, a
-/// buffer unless empty; one not produced may be NULL or have a NULL buffer), then every input's
-/// buffer (needed unless empty), then the device: the C ABI runs the CPU kernels only, also in
-/// builds with the CUDA backend (MR_ERROR_NOT_SUPPORTED for CUDA tensors).
-Status check_before_data(const char* op, std::initializer_list<OutputArgument> outputs,
-                         std::initializer_list<InputArgument> inputs, const char* anchor_name,
-                         Device anchor_device);
+/// The C-only check of phase one's outputs, made between shape inference and the operator's
+/// validation (ops/<operator>/meta.h): every produced output's handle must be given (one not
+/// produced may be NULL, the C form of an absent tensor).
+Status require_produced_outputs(const char* op, std::initializer_list<OutputHandle> outputs);
 
 /// Fills a public description from a planned spec.
 void describe_output(const OutputSpec& spec, mrTensorDesc* desc);

@@ -1,8 +1,9 @@
 // C ABI of the forward routing operators: moe_init_routing_v2 (aclnnMoeInitRoutingV2) and
-// moe_init_routing (the torch API / aclnnMoeInitRoutingV4 style). Phase one runs the core's
-// infer_* plus the output, buffer and device checks the C++ entry points make before reading
-// data; phase two is the C++ entry point itself.
+// moe_init_routing (the torch API / aclnnMoeInitRoutingV4 style). Phase one runs the operator's
+// validation (ops/moe_init_routing/meta.h), the one the C++ entry point runs before reading data;
+// phase two is the C++ entry point itself.
 #include "c_api/c_api_internal.h"
+#include "ops/moe_init_routing/meta.h"
 
 namespace moe_routing::c_api {
 namespace {
@@ -64,7 +65,6 @@ Status plan_routing(const mrTensor* x, const mrTensor* expert_idx, const mrTenso
   attrs.expert_tokens_num_flag = s.expert_tokens_num_flag;
   attrs.quant_mode = s.quant_mode;
   attrs.row_idx_type = s.row_idx_type;
-  attrs.flavour = QuantFlavour::atlas_a2;
   // aclnn passes the range as an int array: none (length 0) means [0, expert_num).
   if (s.active_expert_range_length != 0) {
     if (s.active_expert_range_length != 2)
@@ -136,17 +136,22 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
     call.expanded_row_idx = view_of(expandedRowIdxOut);
     call.expert_tokens_count_or_cumsum = view_of(expertTokensCountOrCumsumOut);
     call.expert_tokens_before_capacity = view_of(expertTokensBeforeCapacityOut);
-    MOE_ROUTING_RETURN_IF_ERROR(
-        check_before_data(kOpV2,
-                          {{"expanded_x", expandedXOut, plan.expanded_x},
-                           {"expanded_row_idx", expandedRowIdxOut, plan.expanded_row_idx},
-                           {"expert_tokens_count_or_cumsum", expertTokensCountOrCumsumOut,
-                            plan.expert_tokens_count_or_cumsum},
-                           {"expert_tokens_before_capacity", expertTokensBeforeCapacityOut,
-                            plan.expert_tokens_before_capacity}},
-                          {{"x", call.x}, {"expert_idx", call.expert_idx}}, "x", call.x.device));
+    MOE_ROUTING_RETURN_IF_ERROR(require_produced_outputs(
+        kOpV2, {{"expanded_x", expandedXOut, plan.expanded_x},
+                {"expanded_row_idx", expandedRowIdxOut, plan.expanded_row_idx},
+                {"expert_tokens_count_or_cumsum", expertTokensCountOrCumsumOut,
+                 plan.expert_tokens_count_or_cumsum},
+                {"expert_tokens_before_capacity", expertTokensBeforeCapacityOut,
+                 plan.expert_tokens_before_capacity}}));
+    MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_init_routing_v2(
+        call.x, call.expert_idx, call.attrs, call.expanded_x, call.expanded_row_idx,
+        call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity, planned->config(),
+        &plan));
+    // The CPU kernels' scratch; the CUDA backend takes its own from its pool.
     const uint64_t needed =
-        moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads);
+        call.x.device == moe_routing::Device::cpu
+            ? moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads)
+            : 0;
     finish_phase_one(std::move(planned), needed, workspaceSize, executor);
     return Status::ok();
   });
@@ -154,7 +159,6 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
 
 mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                             mrStream stream) noexcept {
-  (void)stream;
   std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
   return guard(kOpV2, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOpV2, mrExecutor::Operator::moe_init_routing_v2,
@@ -163,7 +167,7 @@ mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor*
     return moe_routing::moe_init_routing_v2(
         call.x, call.expert_idx, call.attrs, call.expanded_x, call.expanded_row_idx,
         call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity,
-        owned->config(workspace, workspaceSize));
+        owned->config(workspace, workspaceSize, stream));
   });
 }
 
@@ -228,22 +232,22 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
     call.expert_tokens_count_or_cumsum = view_of(expertTokensCountOrCumsumOut);
     call.expanded_scale = view_of(expandedScaleOut);
     call.expanded_topk_weight = view_of(expandedTopkWeightOut);
-    MOE_ROUTING_RETURN_IF_ERROR(check_before_data(
-        kOp,
-        {{"expanded_x", expandedXOut, plan.expanded_x},
-         {"expanded_row_idx", expandedRowIdxOut, plan.expanded_row_idx},
-         {"expert_tokens_count_or_cumsum", expertTokensCountOrCumsumOut,
-          plan.expert_tokens_count_or_cumsum},
-         {"expanded_scale", expandedScaleOut, plan.expanded_scale},
-         {"expanded_topk_weight", expandedTopkWeightOut, plan.expanded_topk_weight}},
-        {{"x", call.x},
-         {"expert_idx", call.expert_idx},
-         {"scale", call.scale},
-         {"offset", call.offset},
-         {"topk_weight", call.topk_weight}},
-        "x", call.x.device));
+    MOE_ROUTING_RETURN_IF_ERROR(require_produced_outputs(
+        kOp, {{"expanded_x", expandedXOut, plan.expanded_x},
+              {"expanded_row_idx", expandedRowIdxOut, plan.expanded_row_idx},
+              {"expert_tokens_count_or_cumsum", expertTokensCountOrCumsumOut,
+               plan.expert_tokens_count_or_cumsum},
+              {"expanded_scale", expandedScaleOut, plan.expanded_scale},
+              {"expanded_topk_weight", expandedTopkWeightOut, plan.expanded_topk_weight}}));
+    MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_init_routing(
+        call.x, call.expert_idx, call.scale, call.offset, call.topk_weight, call.attrs,
+        call.expanded_x, call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
+        call.expanded_scale, call.expanded_topk_weight, planned->config(), &plan));
+    // The CPU kernels' scratch; the CUDA backend takes its own from its pool.
     const uint64_t needed =
-        moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads);
+        call.x.device == moe_routing::Device::cpu
+            ? moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads)
+            : 0;
     finish_phase_one(std::move(planned), needed, workspaceSize, executor);
     return Status::ok();
   });
@@ -251,16 +255,16 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
 
 mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                           mrStream stream) noexcept {
-  (void)stream;
   std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
   return guard(kOp, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, mrExecutor::Operator::moe_init_routing,
                                                 owned.get(), workspace, workspaceSize));
     const mrExecutor::Routing& call = owned->routing;
-    return moe_routing::moe_init_routing(
-        call.x, call.expert_idx, call.scale, call.offset, call.topk_weight, call.attrs,
-        call.expanded_x, call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
-        call.expanded_scale, call.expanded_topk_weight, owned->config(workspace, workspaceSize));
+    return moe_routing::moe_init_routing(call.x, call.expert_idx, call.scale, call.offset,
+                                         call.topk_weight, call.attrs, call.expanded_x,
+                                         call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
+                                         call.expanded_scale, call.expanded_topk_weight,
+                                         owned->config(workspace, workspaceSize, stream));
   });
 }
 

@@ -39,12 +39,33 @@ int64_t TensorView::numel() const {
   return total;
 }
 
-std::string shape_string(const TensorView& t) {
+namespace {
+
+std::string shape_text(const int64_t* shape, int ndim) {
   std::ostringstream out;
   out << '[';
-  for (int d = 0; d < t.ndim; ++d) out << (d ? ", " : "") << t.shape[d];
+  for (int d = 0; d < ndim; ++d) out << (d ? ", " : "") << shape[d];
   out << ']';
   return out.str();
+}
+
+}  // namespace
+
+std::string shape_string(const TensorView& t) { return shape_text(t.shape, t.ndim); }
+
+int64_t OutputSpec::numel() const {
+  int64_t total = 1;
+  for (int d = 0; d < ndim; ++d) total *= shape[d];
+  return total;
+}
+
+std::string shape_string(const OutputSpec& spec) { return shape_text(spec.shape, spec.ndim); }
+
+bool device_supported(Device device) {
+#if defined(MOE_ROUTING_HAVE_CUDA)
+  if (device == Device::cuda) return true;
+#endif
+  return device == Device::cpu;
 }
 
 std::string describe(const TensorView& t) {

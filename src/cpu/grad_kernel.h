@@ -1,4 +1,5 @@
-// CPU kernels of moe_init_routing_grad, one translation unit per instruction set.
+// Inside the CPU backend of moe_init_routing_grad: what a kernel sees, the tiling, and the kernels,
+// one translation unit per instruction set (cpu_backend.h is the backend's entry point).
 #pragma once
 
 #include <cstdint>
@@ -9,13 +10,18 @@ namespace moe_routing::cpu {
 
 /// All a CPU grad kernel sees. Work is split into units of (output row, column tile).
 struct GradKernelArgs {
-  const void* grad_expanded_x;      // [source_rows, H], plan.dtype
-  const int32_t* expanded_row_idx;  // [N*K] int32, already checked
-  void* grad_x;                     // [N, H], plan.dtype
+  const void* grad_expanded_x = nullptr;      // [source_rows, H], plan.dtype
+  const int32_t* expanded_row_idx = nullptr;  // [N*K] int32, already checked
+  void* grad_x = nullptr;                     // [N, H], plan.dtype
   MoeInitRoutingGradPlan plan;
-  int64_t tile_width;  // columns per unit (the last one of a row may be narrower)
-  int64_t tiles_per_row;
-  bool stream_output;  // write grad_x with non-temporal stores (large outputs)
+  int64_t tile_width = 0;  // columns per unit (the last one of a row may be narrower)
+  int64_t tiles_per_row = 0;
+  bool stream_output = false;  // write grad_x with non-temporal stores (large outputs)
+  /// grad_register_bins(plan): the registers path's bin count, 0 for the L1 bins path. Decided
+  /// by the dispatcher (baseline code) so that the per-ISA kernels call no function it shares.
+  int register_bins = 0;
+  /// Bins of the tree order: tree_shape(top_k).bins (1 for the sequential order).
+  int64_t bins = 1;
 };
 
 /// Bins buffer of the L1 path: 16 KiB per thread.
@@ -49,8 +55,14 @@ inline int64_t grad_unit_width(const MoeInitRoutingGradPlan& plan, int threads) 
   return width < 256 ? 256 : width;
 }
 
-/// Computes units [unit_begin, unit_end), unit u = (row u / tiles_per_row, tile u % tiles_per_row).
-void grad_kernel_baseline(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
-void grad_kernel_avx2(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+// The kernel, once per instruction set, each in the namespace of its ISA (grad_kernel_impl.h):
+// an instance compiled with -mavx2 can then never stand in for a baseline one at link time.
+// Computes units [unit_begin, unit_end), unit u = (row u / tiles_per_row, tile u % tiles_per_row).
+namespace baseline {
+void grad_kernel(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+}  // namespace baseline
+namespace avx2 {
+void grad_kernel(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+}  // namespace avx2
 
 }  // namespace moe_routing::cpu

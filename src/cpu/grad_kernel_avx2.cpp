@@ -1,9 +1,10 @@
 // AVX2 + F16C (compiled with -mavx2 -mf16c; chosen at run time only where the CPU has both).
 #include <immintrin.h>
 
+#define MOE_ROUTING_CPU_ISA avx2
 #include "cpu/grad_kernel_impl.h"
 
-namespace moe_routing::cpu {
+namespace moe_routing::cpu::avx2 {
 namespace {
 
 template <bool Stream>
@@ -103,8 +104,8 @@ struct Avx2Ops {
 
 }  // namespace
 
-void grad_kernel_avx2(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
+void grad_kernel(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
   grad_dispatch_dtype<Avx2Ops>(args, unit_begin, unit_end);
 }
 
-}  // namespace moe_routing::cpu
+}  // namespace moe_routing::cpu::avx2

@@ -8,16 +8,28 @@
 //    vector of columns the K addends are loaded straight from their rows and summed in registers;
 //    nothing but the output is written. This is the common MoE case and runs at memory speed.
 //  * bins in L1 (larger K): a tile of columns per bin in a 16 KiB stack buffer.
+//
+// Per-ISA code: each translation unit that includes this defines MOE_ROUTING_CPU_ISA to its
+// instruction set (baseline, avx2) first, and everything here lands in
+// moe_routing::cpu::<isa>. A template instance the compiler emits out of line is then a distinct
+// symbol per ISA, so the linker can never keep an AVX2-compiled copy for the baseline path
+// (tools/checks/check_isa.sh proves it on the built objects). For the same reason this code
+// calls no inline function that baseline code also compiles, beyond the element conversions of
+// moe_routing/dtype.h, which the check covers as well.
 #pragma once
+
+#if !defined(MOE_ROUTING_CPU_ISA)
+#error "define MOE_ROUTING_CPU_ISA (baseline, avx2) before including cpu/grad_kernel_impl.h"
+#endif
 
 #include <cstdint>
 #include <type_traits>
 
-#include "cpu/float_env.h"
+#include "core/float_env.h"
 #include "cpu/grad_kernel.h"
 #include "moe_routing/dtype.h"
 
-namespace moe_routing::cpu {
+namespace moe_routing::cpu::MOE_ROUTING_CPU_ISA {
 
 struct Fp32Tag {
   using storage = float;
@@ -191,6 +203,10 @@ inline void gather_row_addends(const GradKernelArgs& args, const S* source, int6
   }
 }
 
+/// The tree order's bin count for a K known at compile time (never a run-time call).
+template <int64_t K>
+constexpr int64_t kTreeBins = tree_shape(K).bins;
+
 /// Each output row starts K new short streams at random rows, and the hardware prefetchers only
 /// pick a stream up after its first misses. So while row i is summed, the first lines of row
 /// i + 1's addends are requested. Measured (paired, cold caches, 2 threads, bf16): 4 lines
@@ -252,13 +268,13 @@ void grad_units_registers(const GradKernelArgs& args, int64_t unit_begin, int64_
       }
     };
     using std::integral_constant;
-    if (K == 8 && (B == 1 || B == tree_shape(8).bins)) {
+    if (K == 8 && (B == 1 || B == kTreeBins<8>)) {
       run(integral_constant<int, 8>());
-    } else if (K == 6 && (B == 1 || B == tree_shape(6).bins)) {
+    } else if (K == 6 && (B == 1 || B == kTreeBins<6>)) {
       run(integral_constant<int, 6>());
-    } else if (K == 4 && (B == 1 || B == tree_shape(4).bins)) {
+    } else if (K == 4 && (B == 1 || B == kTreeBins<4>)) {
       run(integral_constant<int, 4>());
-    } else if (K == 2 && (B == 1 || B == tree_shape(2).bins)) {
+    } else if (K == 2 && (B == 1 || B == kTreeBins<2>)) {
       run(integral_constant<int, 2>());
     } else {
       run(integral_constant<int, 0>());
@@ -305,7 +321,7 @@ void grad_units_bins(const GradKernelArgs& args, int64_t unit_begin, int64_t uni
   const S* source = static_cast<const S*>(args.grad_expanded_x);
   S* output = static_cast<S*>(args.grad_x);
   const bool sequential = plan.order == AccumulationOrder::sequential;
-  const int64_t B = sequential ? 1 : tree_shape(K).bins;
+  const int64_t B = args.bins;
   const int64_t stride = args.tile_width;  // bin b occupies bins[b*stride, b*stride + width)
 
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
@@ -351,8 +367,8 @@ void grad_units_bins(const GradKernelArgs& args, int64_t unit_begin, int64_t uni
 
 template <class Ops, class Tag>
 void grad_units(const GradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
-  DefaultFloatEnvironment float_environment;
-  switch (grad_register_bins(args.plan)) {
+  detail::DefaultFloatEnvironment float_environment;
+  switch (args.register_bins) {
     case 1: return grad_units_registers<Ops, Tag, 1>(args, unit_begin, unit_end);
     case 2: return grad_units_registers<Ops, Tag, 2>(args, unit_begin, unit_end);
     case 4: return grad_units_registers<Ops, Tag, 4>(args, unit_begin, unit_end);
@@ -371,4 +387,4 @@ void grad_dispatch_dtype(const GradKernelArgs& args, int64_t unit_begin, int64_t
   }
 }
 
-}  // namespace moe_routing::cpu
+}  // namespace moe_routing::cpu::MOE_ROUTING_CPU_ISA

@@ -1,4 +1,5 @@
-#include "cpu/routing_kernel.h"
+// The CPU kernels of the forward routing (both moe_init_routing_v2 and moe_init_routing).
+#include "cpu/cpu_backend.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,17 +11,18 @@
 #include <emmintrin.h>
 #endif
 
+#include "core/float_env.h"
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
-#include "cpu/float_env.h"
 #include "cpu/routing_sort.h"
 #include "cpu/stream_copy.h"
-#include "ops/moe_init_routing/quantize.h"
+#include "params/quantize.h"
 
 namespace moe_routing::cpu {
 namespace {
 
 using detail::CountFormat;
+using detail::DefaultFloatEnvironment;
 using detail::RoutingProblem;
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
@@ -40,15 +42,15 @@ void parallel_range(int64_t n, int num_threads, const Fn& fn) {
 }
 
 /// Copies a row; `stream`: with non-temporal stores where the destination is aligned
-/// (cpu/stream_copy.h). Vector loops rather than memcpy (see copy_avx2). Callers issue
+/// (cpu/stream_copy.h). Vector loops rather than memcpy (see avx2::copy). Callers issue
 /// stream_fence() before the data is published to another thread.
 inline void copy_row(char* dst, const char* src, size_t bytes, bool stream, bool avx2) {
 #if defined(MOE_ROUTING_HAVE_AVX2)
   if (avx2) {
     if (stream)
-      stream_copy_avx2(dst, src, bytes);
+      avx2::stream_copy(dst, src, bytes);
     else
-      copy_avx2(dst, src, bytes);
+      avx2::copy(dst, src, bytes);
     return;
   }
 #endif
@@ -138,7 +140,7 @@ inline float widen(const void* row, int64_t j) {
 /// maximum of the non-NaN |f| does not depend on the order, so it is reduced in lanes, and a NaN
 /// anywhere makes it NaN, as abs_max_step does.
 template <DType kDtype, bool kSmooth>
-float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, QuantFlavour flavour,
+float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Numerics numerics,
                            int8_t* out) {
   auto f = [row, smooth](int64_t j) {
     const float v = widen<kDtype>(row, j);
@@ -159,7 +161,7 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Quan
   for (; j < H; ++j) abs_max = quantize::abs_max_step(abs_max, f(j));
   for (int l = 0; l < kLanes; ++l) abs_max = quantize::abs_max_step(abs_max, lane_max[l]);
   if (nan_seen != 0) abs_max = std::numeric_limits<float>::quiet_NaN();
-  const float sc = quantize::dynamic_scale(abs_max, flavour);
+  const float sc = quantize::dynamic_scale(abs_max, numerics);
   for (int64_t i = 0; i < H; ++i) out[i] = quantize::dynamic_quantize(f(i), sc);
   return sc;
 }
@@ -222,9 +224,9 @@ class RowWriter {
     float sc;
     if (pr_.scale != nullptr) {
       const float* smooth = pr_.scale + (pr_.scale_rows == 1 ? 0 : (expert - pr_.range_start)) * H;
-      sc = dynamic_quantize_row<kDtype, true>(row, smooth, H, pr_.flavour, out);
+      sc = dynamic_quantize_row<kDtype, true>(row, smooth, H, pr_.numerics, out);
     } else {
-      sc = dynamic_quantize_row<kDtype, false>(row, nullptr, H, pr_.flavour, out);
+      sc = dynamic_quantize_row<kDtype, false>(row, nullptr, H, pr_.numerics, out);
     }
     pr_.expanded_scale[dest] = canonicalize_nan(sc);
   }
@@ -399,13 +401,35 @@ class OwnedScratch {
   std::unique_ptr<unsigned char[]> owned_;
 };
 
+/// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
+/// Saturates instead of overflowing: with no rows, H may be anything (x [0, H] is valid).
+int64_t routing_bytes(const RoutingProblem& problem) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int64_t index_bytes = problem.pairs() * 12;
+  const int64_t element =
+      std::max<int64_t>(1, problem.quant_mode == -1 ? int64_t(dtype_size(problem.x_dtype)) : 1);
+  const int64_t rows = problem.expanded_rows, hidden = problem.hidden;
+  if (rows == 0 || hidden == 0) return index_bytes;
+  if (hidden > (kMax - index_bytes) / element / rows) return kMax;
+  return rows * hidden * element + index_bytes;
+}
+
+/// The threads a problem runs on: the requested count (0 = the library default), fewer for
+/// small work. The workspace size depends on it, so both entry points below resolve it alike.
+int threads_for(const RoutingProblem& problem, int requested) {
+  return detail::threads_for_bytes(detail::resolve_num_threads(requested), routing_bytes(problem));
+}
+
 }  // namespace
 
 uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
-  return scratch_layout(problem, num_threads).bytes;
+  return scratch_layout(problem, threads_for(problem, num_threads)).bytes;
 }
 
-void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, void* workspace) {
+void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa isa,
+                      void* workspace) {
+  const int num_threads = threads_for(pr, requested_threads);
+  if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   const ScratchLayout layout = scratch_layout(pr, num_threads);
   OwnedScratch owned;
   if (workspace == nullptr) workspace = owned.acquire(layout.bytes);
@@ -455,7 +479,7 @@ void moe_init_routing(const RoutingProblem& pr, int num_threads, CpuIsa isa, voi
   const uint64_t tail_range = uint64_t(low_id - end + 1);
   int64_t* first = pr.drop_pad ? static_cast<int64_t*>(at(layout.first)) : nullptr;
   quantize::StaticParams static_params;
-  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
+  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.numerics, pr.scale, pr.offset);
 
   // In the dropless gather layout the sort writes expanded_row_idx itself (the rank of each
   // position).

@@ -6,15 +6,17 @@
 
 #include <cstddef>
 
-namespace moe_routing::cpu {
+// AVX2 code, in the namespace of its instruction set (see cpu/grad_kernel_impl.h).
+namespace moe_routing::cpu::avx2 {
 
-/// AVX2: 32-byte streaming stores where dst is 32-byte aligned (plain copies for the ragged
-/// head and tail). Only call where the CPU has AVX2.
-void stream_copy_avx2(char* dst, const char* src, size_t bytes);
+/// 32-byte streaming stores where dst is 32-byte aligned (plain copies for the ragged head and
+/// tail). Only call where the CPU has AVX2.
+void stream_copy(char* dst, const char* src, size_t bytes);
 
-/// AVX2: a plain vector copy (cached stores). Used for rows instead of memcpy, whose REP MOVSB
-/// path runs up to 8x slower on some AMD CPUs when dst - src is not a multiple of 64 bytes
-/// (measured: 14 KB rows, distance 16 mod 4096: 333 us vs 46 us for 128 rows).
-void copy_avx2(char* dst, const char* src, size_t bytes);
+/// A plain vector copy (cached stores). Used for rows instead of memcpy, whose REP MOVSB path
+/// runs up to 8x slower on some AMD CPUs when dst - src is not a multiple of 64 bytes (measured:
+/// 14 KB rows, distance 16 mod 4096: 333 us vs 46 us for 128 rows). Only call where the CPU has
+/// AVX2.
+void copy(char* dst, const char* src, size_t bytes);
 
-}  // namespace moe_routing::cpu
+}  // namespace moe_routing::cpu::avx2

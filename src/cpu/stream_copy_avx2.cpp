@@ -8,9 +8,9 @@
 
 #include "cpu/stream_copy.h"
 
-namespace moe_routing::cpu {
+namespace moe_routing::cpu::avx2 {
 
-void stream_copy_avx2(char* dst, const char* src, size_t bytes) {
+void stream_copy(char* dst, const char* src, size_t bytes) {
   const size_t head = (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31;
   if (head >= bytes) {
     std::memcpy(dst, src, bytes);
@@ -34,7 +34,7 @@ void stream_copy_avx2(char* dst, const char* src, size_t bytes) {
   std::memcpy(dst + i, src + i, bytes - i);
 }
 
-void copy_avx2(char* dst, const char* src, size_t bytes) {
+void copy(char* dst, const char* src, size_t bytes) {
   size_t i = 0;
   for (; i + 128 <= bytes; i += 128) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
@@ -52,4 +52,4 @@ void copy_avx2(char* dst, const char* src, size_t bytes) {
   std::memcpy(dst + i, src + i, bytes - i);
 }
 
-}  // namespace moe_routing::cpu
+}  // namespace moe_routing::cpu::avx2

@@ -1,8 +1,8 @@
 // The CUDA backend as the core dispatch sees it: plain C++ (no CUDA headers), compiled into the
 // library only when it is built with MOE_ROUTING_CUDA (compile definition MOE_ROUTING_HAVE_CUDA).
 //
-// Every launcher takes the same plan struct as the CPU kernels, with device pointers, plus the
-// stream (a cudaStream_t as void*; null = the default stream). Launchers
+// Every launcher takes the same problem struct as the CPU kernels (src/params/), with device
+// pointers, plus the stream (a cudaStream_t as void*; null = the default stream). Launchers
 //  * find the CUDA device that owns the pointers (cudaPointerGetAttributes) and run there, and
 //    reject host pointers and pointers on different devices (invalid argument);
 //  * allocate their scratch memory stream-ordered from a pool owned by the library, before any
@@ -20,18 +20,16 @@
 
 #include "moe_routing/moe_init_routing_grad.h"
 #include "moe_routing/status.h"
-#include "ops/moe_init_routing/routing_problem.h"
+#include "params/moe_init_routing_grad_problem.h"
+#include "params/moe_init_routing_problem.h"
 
 namespace moe_routing::cuda {
 
-/// moe_init_routing_grad on the GPU.
-///   grad_expanded_x: [plan.source_rows, plan.hidden] plan.dtype, device memory
-///   expanded_row_idx: [plan.num_rows * plan.top_k] int32, device memory, not yet checked
-///   grad_x: [plan.num_rows, plan.hidden] plan.dtype, device memory
-/// Indices are checked on the device first (the error names the first bad flat position, exactly
-/// as check_moe_init_routing_grad_indices does); grad_x is written only when all are valid.
-Status moe_init_routing_grad(const void* grad_expanded_x, const int32_t* expanded_row_idx,
-                             void* grad_x, const MoeInitRoutingGradPlan& plan, void* stream);
+/// moe_init_routing_grad on the GPU; the problem's pointers are device memory, and its indices
+/// are not yet checked: they are checked on the device first (the error names the first bad flat
+/// position, exactly as check_moe_init_routing_grad_indices does), and grad_x is written only
+/// when all are valid.
+Status moe_init_routing_grad(const detail::GradProblem& problem, void* stream);
 
 /// The forward routing on the GPU; every pointer of `problem` is device memory (or null where the
 /// problem says "not written"). `op` prefixes error messages. With `reject_unrouted` (the V2 API)

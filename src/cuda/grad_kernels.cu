@@ -70,8 +70,11 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-Status moe_init_routing_grad(const void* grad_expanded_x, const int32_t* expanded_row_idx,
-                             void* grad_x, const MoeInitRoutingGradPlan& plan, void* stream_ptr) {
+Status moe_init_routing_grad(const detail::GradProblem& problem, void* stream_ptr) {
+  const MoeInitRoutingGradPlan& plan = problem.plan;
+  const void* grad_expanded_x = problem.grad_expanded_x;
+  const int32_t* expanded_row_idx = problem.expanded_row_idx;
+  void* grad_x = problem.grad_x;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   const size_t element = dtype_size(plan.dtype);
   const int64_t pairs = plan.num_rows * plan.top_k;

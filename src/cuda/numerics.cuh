@@ -50,6 +50,16 @@ MOE_HD float float_of(uint32_t u) {
 #endif
 }
 
+/// A read-only load: through the read-only data cache on the device (__ldg), plain on the host.
+template <class T>
+MOE_HD T ldg(const T* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
 MOE_HD bool is_nan(float v) { return (bits_of(v) & 0x7fffffffu) > 0x7f800000u; }
 
 /// One float32 addition, round-to-nearest-even, never fused.
@@ -133,7 +143,7 @@ struct Bfloat16 {
   MOE_HD static uint16_t narrow(float v) { return float_to_bf16(v); }
 };
 
-// ---- int8 quantisation (the definitions of src/ops/moe_init_routing/quantize.h) -----------------
+// ---- int8 quantisation (the definitions of src/params/quantize.h) ------------------------------
 
 /// float32(1/127), the 950 kernel's reciprocal.
 constexpr float kReciprocal127 = 0.007874015718698502f;
@@ -163,7 +173,7 @@ MOE_HD int8_t int8_round_half_even(float q) {
 }
 
 /// quant_mode 0 of one element (quantize::static_quantize); scale and offset already prepared
-/// (fp16-rounded for the 950 flavour).
+/// (fp16-rounded for the ascend_950 numerics).
 MOE_HD int8_t static_quantize(float x, float scale, float offset, bool ascend_950) {
   float t;
   if (ascend_950) {

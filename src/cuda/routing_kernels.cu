@@ -14,6 +14,8 @@
 //     access) and writes it to the destinations of its pairs, then the rows without a pair are
 //     zeroed; int8 quantisation takes one block per destination row or slot;
 //  7. the counts (cumsum / count / key_value) in one block with a block-wide scan.
+// What each thread computes for one item is routing_body.cuh (host-tested without a GPU); this
+// file holds the thread mapping, the block-wide reductions, CUB and the launches.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/cuda_runtime_util.h"
 #include "cuda/numerics.cuh"
+#include "cuda/routing_body.cuh"
 
 namespace moe_routing::cuda {
 namespace {
@@ -33,17 +36,6 @@ using detail::CountFormat;
 using detail::RoutingProblem;
 
 constexpr int kThreads = 256;
-constexpr uint32_t kNotRouted = 0xffffffffu;
-constexpr uint32_t kNoError = 0xffffffffu;
-constexpr int64_t kInt32Max = 2147483647;
-
-/// Device-side results of the key pass and of the bounds pass.
-struct Flags {
-  uint32_t first_bad;  // V2 API: first position whose id is out of range (kNoError if none)
-  uint32_t max_key;    // largest routed key (only tracked when the key range is unbounded)
-  int32_t routed;      // number of routed pairs
-  int32_t unused;
-};
 
 // ---- 1. keys --------------------------------------------------------------------------------
 
@@ -55,9 +47,8 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t local_max = 0;
   for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
        p += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t id = __ldg(expert_idx + p);
-    const bool routed = id >= range_start && id < range_end;
-    const uint32_t key = routed ? uint32_t(id - range_start) : kNotRouted;
+    const uint32_t key = routing_key(__ldg(expert_idx + p), range_start, range_end);
+    const bool routed = key != kNotRouted;
     keys[p] = key;
     positions[p] = int32_t(p);
     if (routed) local_max = key > local_max ? key : local_max;
@@ -73,183 +64,56 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-/// row_idx_type 1: the pairs that are not routed, keyed as the CANN golden orders them (ids below
-/// the range take INT32_MAX, which ties with an id of INT32_MAX, as in the golden); routed pairs
-/// get 0xffffffff and sort after every tail key (tail keys are < 2^31).
+/// row_idx_type 1: the tail keys of the pairs that are not routed (tail_key).
 __global__ void __launch_bounds__(kThreads)
     routing_tail_keys(const int32_t* __restrict__ expert_idx, int64_t pairs, int64_t range_start,
                       int64_t range_end, uint32_t* __restrict__ keys) {
   for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < pairs;
        p += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t id = __ldg(expert_idx + p);
-    const bool routed = id >= range_start && id < range_end;
-    const int64_t golden = id >= range_end ? id : int64_t(kInt32Max);
-    keys[p] = routed ? kNotRouted : uint32_t(golden - range_end);
+    keys[p] = tail_key(__ldg(expert_idx + p), range_start, range_end);
   }
 }
 
 // ---- 3. bounds ------------------------------------------------------------------------------
 
-/// first[k] / end[k]: the sorted positions [first, end) of key k (both left 0 for absent keys);
-/// flags->routed: the number of routed pairs. Each entry has exactly one writer.
+/// first[k] / end[k] and the routed count (bounds_at), one thread per sorted position.
 __global__ void __launch_bounds__(kThreads)
     routing_bounds(const uint32_t* __restrict__ sorted_keys, int64_t pairs,
                    int32_t* __restrict__ first, int32_t* __restrict__ end,
                    Flags* __restrict__ flags) {
   for (int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; d < pairs;
-       d += int64_t(gridDim.x) * blockDim.x) {
-    const uint32_t key = sorted_keys[d];
-    if (key == kNotRouted) continue;
-    const uint32_t next = d + 1 < pairs ? sorted_keys[d + 1] : kNotRouted;
-    if (first != nullptr) {
-      if (d == 0 || sorted_keys[d - 1] != key) first[key] = int32_t(d);
-      if (next != key) end[key] = int32_t(d + 1);
-    }
-    if (next == kNotRouted) flags->routed = int32_t(d + 1);
-  }
+       d += int64_t(gridDim.x) * blockDim.x)
+    bounds_at(sorted_keys, pairs, d, first, end, &flags->routed);
 }
 
 // ---- 5. expanded_row_idx --------------------------------------------------------------------
 
-enum class RowIdxLayout : int { gather = 0, scatter = 1, drop_pad = 2 };
-
-struct RowIdxArgs {
-  const int32_t* order;         // [P] positions sorted by (key, p), routed first
-  const int32_t* tail_order;    // [P] scatter: positions not routed, in the golden order, first
-  const uint32_t* sorted_keys;  // [P] drop-pad: the keys of `order`
-  const int32_t* first;         // [range] drop-pad: first sorted position of each expert
-  int64_t pairs;
-  int64_t capacity;  // C (drop-pad)
-  RowIdxLayout layout;
-  const Flags* flags;
-  int32_t* expanded_row_idx;  // [P]
-  int32_t* rank;              // [P] scratch: the destination row / slot of each position, or -1
-};
-
 __global__ void __launch_bounds__(kThreads) routing_row_idx(RowIdxArgs a) {
   const int64_t routed = a.flags->routed;
   for (int64_t d = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; d < a.pairs;
-       d += int64_t(gridDim.x) * blockDim.x) {
-    switch (a.layout) {
-      case RowIdxLayout::gather:  // indexed by position: the destination row, -1 if not routed
-        a.expanded_row_idx[a.order[d]] = a.rank[a.order[d]] = d < routed ? int32_t(d) : -1;
-        break;
-      case RowIdxLayout::scatter:  // indexed by destination: the position, then the tail
-        a.expanded_row_idx[d] = d < routed ? a.order[d] : a.tail_order[d - routed];
-        a.rank[a.order[d]] = d < routed ? int32_t(d) : -1;
-        break;
-      case RowIdxLayout::drop_pad: {  // the c-th pair of expert e takes slot e*C + c if c < C
-        int32_t slot = -1;
-        if (d < routed) {
-          const int64_t expert = a.sorted_keys[d];
-          const int64_t c = d - a.first[expert];
-          if (c < a.capacity) slot = int32_t(expert * a.capacity + c);
-        }
-        a.expanded_row_idx[a.order[d]] = a.rank[a.order[d]] = slot;
-        break;
-      }
-    }
-  }
+       d += int64_t(gridDim.x) * blockDim.x)
+    row_idx_at(a, routed, d);
 }
 
 // ---- 6. rows --------------------------------------------------------------------------------
 
-struct RowsArgs {
-  const void* x;              // [N, H]
-  const int32_t* expert_idx;  // [N*K]
-  const float* scale;         // q -1: [N]; q 0: [1]; q 1: [scale_rows, H]; or null
-  const float* offset;        // q 0: [1] or null
-  const float* topk_weight;   // [N*K] or null
-  int64_t scale_rows;
-  int64_t num_rows, top_k, hidden;  // N, K, H
-  int64_t range_start;
-  const int32_t* order;  // sorted positions
-  const int32_t* rank;   // [P] the destination row / slot of each position, or -1
-  const int32_t* first;  // drop-pad: [E]
-  const int32_t* end;    // drop-pad: [E]
-  const Flags* flags;
-  bool drop_pad;
-  int64_t capacity;   // C
-  int64_t row_limit;  // dropless: rows d < min(row_limit, routed) hold data
-  int64_t rows;       // destination rows (dropless) or slots E*C (drop-pad)
-  bool ascend_950;
-  void* expanded_x;             // [rows, H] x dtype (q -1) or int8
-  float* expanded_scale;        // [rows] or null
-  float* expanded_topk_weight;  // [rows] or null
-};
+constexpr int kCopyUnroll = 4;  // accesses in flight per thread of a row copy
 
-/// The pair whose token fills destination row (or slot) `dest`, or -1 for a zero row.
-__device__ __forceinline__ int64_t row_source(const RowsArgs& a, int64_t dest, int64_t routed) {
-  if (a.drop_pad) {
-    const int64_t e = dest / a.capacity, c = dest - e * a.capacity;
-    const int64_t begin = a.first[e];
-    return c < a.end[e] - begin ? int64_t(a.order[begin + c]) : -1;
-  }
-  return dest < min(a.row_limit, routed) ? int64_t(a.order[dest]) : -1;
-}
-
-/// expanded_topk_weight of row `dest` (0 without a pair).
-__device__ __forceinline__ void write_topk_weight(const RowsArgs& a, int64_t dest, int64_t p) {
-  if (a.expanded_topk_weight != nullptr)
-    a.expanded_topk_weight[dest] = p < 0 ? 0.0f : __ldg(a.topk_weight + p);
-}
-
-/// The rows of `expanded_x` that hold data: dropless, d < min(row_limit, routed); drop-pad, the
-/// slots of kept pairs (every slot a rank names).
-__device__ __forceinline__ int64_t dropless_rows_with_data(const RowsArgs& a) {
-  return a.drop_pad ? a.rows : min(a.row_limit, int64_t(a.flags->routed));
-}
-
-/// quant_mode -1, one group of 2^lanes_log2 threads per token: the token's row is read once
-/// (T-sized accesses, kUnroll in flight per thread) and written to the destination row or slot of
-/// each of its pairs that has one, with expanded_scale (= scale[token]) and expanded_topk_weight.
-/// Reading each x row once, rather than once per pair, keeps the traffic at the bytes that must
-/// move.
+/// quant_mode -1, one group of 2^lanes_log2 threads per token (scatter_token).
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     scatter_rows(RowsArgs a, int lanes_log2, int64_t vectors_per_row) {
-  constexpr int kUnroll = 4;
   const int lanes = 1 << lanes_log2;
   const int lane = int(threadIdx.x) & (lanes - 1);
   const int64_t groups = int64_t(blockDim.x) >> lanes_log2;
   const int64_t group = int64_t(threadIdx.x) >> lanes_log2;
-  const int64_t limit = dropless_rows_with_data(a);
-  const int64_t n = vectors_per_row, K = a.top_k;
+  const int64_t limit = rows_with_data(a, a.flags->routed);
   for (int64_t token = int64_t(blockIdx.x) * groups + group; token < a.num_rows;
-       token += int64_t(gridDim.x) * groups) {
-    const T* in = static_cast<const T*>(a.x) + token * n;
-    const int32_t* ranks = a.rank + token * K;
-    for (int64_t v0 = lane; v0 < n; v0 += int64_t(lanes) * kUnroll) {
-      T buffer[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t v = v0 + int64_t(u) * lanes;
-        if (v < n) buffer[u] = __ldg(in + v);
-      }
-      for (int64_t t = 0; t < K; ++t) {
-        const int64_t dest = __ldg(ranks + t);
-        if (dest < 0 || dest >= limit) continue;
-        T* out = static_cast<T*>(a.expanded_x) + dest * n;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t v = v0 + int64_t(u) * lanes;
-          if (v < n) out[v] = buffer[u];
-        }
-      }
-    }
-    if (lane == 0)
-      for (int64_t t = 0; t < K; ++t) {
-        const int64_t dest = __ldg(ranks + t);
-        if (dest < 0 || dest >= limit) continue;
-        if (a.expanded_scale != nullptr) a.expanded_scale[dest] = __ldg(a.scale + token);
-        if (a.expanded_topk_weight != nullptr)
-          a.expanded_topk_weight[dest] = __ldg(a.topk_weight + token * K + t);
-      }
-  }
+       token += int64_t(gridDim.x) * groups)
+    scatter_token<T, kCopyUnroll>(a, limit, token, lane, lanes, vectors_per_row);
 }
 
-/// quant_mode -1: the rows no pair writes (dropless rows past the data, empty drop-pad slots) are
-/// zero, and so are their expanded_scale and expanded_topk_weight.
+/// quant_mode -1: the rows no pair writes are zero (zero_row), one group per row.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     zero_rows(RowsArgs a, int lanes_log2, int64_t vectors_per_row) {
@@ -257,55 +121,28 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = int(threadIdx.x) & (lanes - 1);
   const int64_t groups = int64_t(blockDim.x) >> lanes_log2;
   const int64_t group = int64_t(threadIdx.x) >> lanes_log2;
-  const int64_t first = a.drop_pad ? 0 : dropless_rows_with_data(a);
   const int64_t routed = a.flags->routed;
-  const int64_t n = vectors_per_row;
+  const int64_t first = a.drop_pad ? 0 : rows_with_data(a, routed);
   for (int64_t dest = first + int64_t(blockIdx.x) * groups + group; dest < a.rows;
-       dest += int64_t(gridDim.x) * groups) {
-    if (a.drop_pad && row_source(a, dest, routed) >= 0) continue;  // a kept pair's slot
-    T* out = static_cast<T*>(a.expanded_x) + dest * n;
-    for (int64_t v = lane; v < n; v += lanes) out[v] = T{};
-    if (lane == 0) {
-      if (a.expanded_scale != nullptr) a.expanded_scale[dest] = 0.0f;
-      if (a.expanded_topk_weight != nullptr) a.expanded_topk_weight[dest] = 0.0f;
-    }
-  }
+       dest += int64_t(gridDim.x) * groups)
+    zero_row<T>(a, routed, dest, lane, lanes, vectors_per_row);
 }
 
-/// quant_mode 0: one block per row; every element independently (num::static_quantize).
+/// quant_mode 0: one block per row (static_quant_columns).
 template <class Tag>
 __global__ void __launch_bounds__(kThreads) static_quant_rows(RowsArgs a) {
-  using S = typename Tag::Storage;
   const int64_t routed = a.flags->routed;
-  const int64_t H = a.hidden;
-  float scale = __ldg(a.scale);
-  float offset = a.offset != nullptr ? __ldg(a.offset) : 0.0f;
-  if (a.ascend_950) {
-    scale = num::round_to_fp16(scale);
-    offset = num::round_to_fp16(offset);
-  }
+  const StaticQuant params = static_quant_params(a);
   for (int64_t dest = blockIdx.x; dest < a.rows; dest += gridDim.x) {
     const int64_t p = row_source(a, dest, routed);
-    int8_t* out = static_cast<int8_t*>(a.expanded_x) + dest * H;
-    if (p >= 0) {
-      const S* in = static_cast<const S*>(a.x) + (p / a.top_k) * H;
-      for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
-        out[j] = num::static_quantize(Tag::widen(__ldg(in + j)), scale, offset, a.ascend_950);
-    } else {
-      for (int64_t j = threadIdx.x; j < H; j += blockDim.x) out[j] = 0;
-    }
+    static_quant_columns<Tag>(a, params, dest, p, threadIdx.x, blockDim.x);
     if (threadIdx.x == 0) write_topk_weight(a, dest, p);
   }
 }
 
-template <class Tag>
-__device__ __forceinline__ float widen_at(const typename Tag::Storage* in, int64_t j) {
-  return Tag::widen(__ldg(in + j));
-}
-
-/// quant_mode 1: one block per row. f = x (* smooth row of the pair's expert); m = max |f| (a
-/// max does not depend on the order of the non-NaN values, so it is reduced across threads; any
-/// NaN makes m NaN, as quantize::abs_max_step does); sc from m; q = round_half_away(f / sc).
+/// quant_mode 1: one block per row. f (dynamic_f), m = max |f| reduced across the block
+/// (abs_max_step: the order of a max does not matter), sc from m (dynamic_row_scale),
+/// q = round_half_away(f / sc).
 template <class Tag>
 __global__ void __launch_bounds__(kThreads) dynamic_quant_rows(RowsArgs a) {
   using S = typename Tag::Storage;
@@ -327,19 +164,11 @@ __global__ void __launch_bounds__(kThreads) dynamic_quant_rows(RowsArgs a) {
       continue;
     }
     const S* in = static_cast<const S*>(a.x) + (p / a.top_k) * H;
-    const float* smooth = nullptr;
-    if (a.scale != nullptr)
-      smooth = a.scale +
-               (a.scale_rows == 1 ? 0 : (int64_t(__ldg(a.expert_idx + p)) - a.range_start)) * H;
+    const float* smooth = smooth_row(a, p);
     float local_max = 0.0f;
     int nan_seen = 0;
-    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
-      float f = widen_at<Tag>(in, j);
-      if (smooth != nullptr) f = num::mul(f, __ldg(smooth + j));
-      const float m = num::abs(f);
-      nan_seen |= int(num::is_nan(m));
-      local_max = m > local_max ? m : local_max;  // false for NaN: NaN is tracked apart
-    }
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
+      abs_max_step(dynamic_f<Tag>(in, smooth, j), &local_max, &nan_seen);
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
       const float other = __shfl_xor_sync(0xffffffffu, local_max, offset);
@@ -358,16 +187,12 @@ __global__ void __launch_bounds__(kThreads) dynamic_quant_rows(RowsArgs a) {
         m = warp_max[w] > m ? warp_max[w] : m;
         any_nan |= warp_nan[w];
       }
-      if (any_nan) m = num::float_of(kCanonicalNanFloat32);
-      row_scale = num::dynamic_scale(m, a.ascend_950);
+      row_scale = dynamic_row_scale(m, any_nan, a.ascend_950);
     }
     __syncthreads();
     const float sc = row_scale;
-    for (int64_t j = threadIdx.x; j < H; j += blockDim.x) {
-      float f = widen_at<Tag>(in, j);
-      if (smooth != nullptr) f = num::mul(f, __ldg(smooth + j));
-      out[j] = num::int8_round_half_away(num::div(f, sc));
-    }
+    for (int64_t j = threadIdx.x; j < H; j += blockDim.x)
+      out[j] = num::int8_round_half_away(num::div(dynamic_f<Tag>(in, smooth, j), sc));
     if (threadIdx.x == 0) {
       a.expanded_scale[dest] = num::canonical(sc);
       write_topk_weight(a, dest, p);
@@ -378,24 +203,6 @@ __global__ void __launch_bounds__(kThreads) dynamic_quant_rows(RowsArgs a) {
 
 // ---- 7. counts ------------------------------------------------------------------------------
 
-struct CountArgs {
-  const int32_t* first;  // [range]
-  const int32_t* end;    // [range]
-  int64_t range;
-  int64_t range_start;
-  int64_t expert_num;
-  CountFormat format;
-  bool int64_output;
-  void* counts;
-};
-
-__device__ __forceinline__ void write_count(const CountArgs& a, int64_t index, int64_t value) {
-  if (a.int64_output)
-    static_cast<int64_t*>(a.counts)[index] = value;
-  else
-    static_cast<int32_t*>(a.counts)[index] = int32_t(value);
-}
-
 /// One block walks the range in chunks; prefix sums carry across chunks.
 __global__ void __launch_bounds__(kThreads) routing_counts(CountArgs a) {
   using Scan = cub::BlockScan<int64_t, kThreads>;
@@ -405,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) routing_counts(CountArgs a) {
   __syncthreads();
   for (int64_t base = 0; base < a.range; base += kThreads) {
     const int64_t j = base + threadIdx.x;
-    const int64_t count = j < a.range ? int64_t(a.end[j]) - a.first[j] : 0;
+    const int64_t count = count_at(a, j);
     if (a.format == CountFormat::count) {
       if (j < a.range) write_count(a, j, count);
       continue;
@@ -421,10 +228,7 @@ __global__ void __launch_bounds__(kThreads) routing_counts(CountArgs a) {
       const int64_t has = count > 0 ? 1 : 0;
       int64_t row = 0, total = 0;
       Scan(temp).ExclusiveSum(has, row, total);
-      if (has) {
-        write_count(a, 2 * (before + row), a.range_start + j);
-        write_count(a, 2 * (before + row) + 1, count);
-      }
+      if (has) write_key_value(a, before + row, j, count);
       __syncthreads();
       if (threadIdx.x == 0) carry = before + total;
     }
@@ -439,13 +243,6 @@ __global__ void __launch_bounds__(kThreads) routing_counts(CountArgs a) {
 
 // ---- host side --------------------------------------------------------------------------------
 
-/// Bits that hold every value in [0, n] (at least 1, at most 32).
-int key_bits(uint64_t n) {
-  int bits = 1;
-  while (bits < 32 && (n >> bits) != 0) ++bits;
-  return bits;
-}
-
 template <class Kernel>
 int resident_blocks(Kernel kernel) {
   int resident = 0;
@@ -458,10 +255,8 @@ int resident_blocks(Kernel kernel) {
 
 template <class T>
 Status launch_copy_rows(const char* op, const RowsArgs& a, int64_t row_bytes, cudaStream_t stream) {
-  constexpr int kUnroll = 4;
   const int64_t n = row_bytes / int64_t(sizeof(T));
-  int lanes_log2 = 0;  // threads per row: enough for kUnroll accesses each, at most the block
-  while ((int64_t(1) << lanes_log2) * kUnroll < n && (1 << lanes_log2) < kThreads) ++lanes_log2;
+  const int lanes_log2 = copy_lanes_log2(n, kCopyUnroll, kThreads);
   const int64_t groups = kThreads >> lanes_log2;
   if (a.num_rows > 0) {
     const int64_t blocks =
@@ -478,11 +273,7 @@ Status launch_rows(const char* op, const RoutingProblem& pr, const RowsArgs& a,
                    cudaStream_t stream) {
   if (pr.quant_mode == -1) {
     const int64_t row_bytes = pr.hidden * int64_t(dtype_size(pr.x_dtype));
-    // The widest access that divides the row and both base addresses.
-    const uint64_t alignment = uint64_t(row_bytes) | reinterpret_cast<uintptr_t>(pr.x) |
-                               reinterpret_cast<uintptr_t>(pr.expanded_x) | 16u;
-    const uint64_t width = alignment & (~alignment + 1);  // lowest set bit: 1, 2, 4, 8 or 16
-    switch (width) {
+    switch (copy_width(row_bytes, pr.x, pr.expanded_x)) {
       case 16: return launch_copy_rows<uint4>(op, a, row_bytes, stream);
       case 8: return launch_copy_rows<uint2>(op, a, row_bytes, stream);
       case 4: return launch_copy_rows<uint32_t>(op, a, row_bytes, stream);
@@ -509,16 +300,6 @@ Status launch_rows(const char* op, const RoutingProblem& pr, const RowsArgs& a,
     default:
       return internal_error(op, "x must be float32, float16 or bfloat16 for quant_mode ",
                             pr.quant_mode, ", got ", dtype_name(pr.x_dtype));
-  }
-}
-
-size_t count_bytes(const RoutingProblem& pr) {
-  const int64_t range = pr.range_end - pr.range_start;
-  const size_t element = dtype_size(pr.count_dtype);
-  switch (pr.count_format) {
-    case CountFormat::none: return 0;
-    case CountFormat::key_value: return size_t(pr.expert_num) * 2 * element;
-    default: return size_t(range) * element;
   }
 }
 
@@ -554,7 +335,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   // The V2 API without counts or drop-pad routes ids in [0, INT64_MAX): the key range is only
   // known after the key pass (whose verdict is read back anyway).
   const bool track_max = range > kInt32Max;
-  const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;
+  const bool tail = scatter_tail(pr);
 
   // Scratch: sizing pass, then the real layout over one allocation.
   size_t sort_temp = 0;
@@ -565,10 +346,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
                 static_cast<uint32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
                 static_cast<int32_t*>(nullptr), int(P), 0, 32, stream));
   }
-  struct Buffers {
-    Flags* flags;
-    uint32_t *keys, *sorted_keys;
-    int32_t *positions, *order, *tail_order, *rank, *first, *end;
+  struct Buffers : RoutingBuffers {
     char* sort_temp;
   };
   auto layout = [&](ScratchLayout& l) {
@@ -579,7 +357,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
     b.sorted_keys = l.take<uint32_t>(pairs);
     b.positions = l.take<int32_t>(pairs);
     b.order = l.take<int32_t>(pairs);
-    b.tail_order = l.take<int32_t>(scatter_tail ? pairs : 0);
+    b.tail_order = l.take<int32_t>(tail ? pairs : 0);
     b.rank = l.take<int32_t>(pairs);
     b.first = l.take<int32_t>(needs_bounds ? size_t(range) : 0);
     b.end = l.take<int32_t>(needs_bounds ? size_t(range) : 0);
@@ -634,7 +412,7 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
         b.sorted_keys, P, needs_bounds ? b.first : nullptr, needs_bounds ? b.end : nullptr,
         b.flags);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_bounds"));
-    if (scatter_tail) {
+    if (tail) {
       routing_tail_keys<<<unsigned(pair_blocks), kThreads, 0, stream>>>(
           pr.expert_idx, P, pr.range_start, pr.range_end, b.keys);
       MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_tail_keys"));
@@ -646,63 +424,20 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
     }
 
     // 5. expanded_row_idx.
-    RowIdxArgs r{};
-    r.order = b.order;
-    r.tail_order = b.tail_order;
-    r.sorted_keys = b.sorted_keys;
-    r.first = b.first;
-    r.pairs = P;
-    r.capacity = pr.expert_capacity;
-    r.layout = pr.drop_pad    ? RowIdxLayout::drop_pad
-               : scatter_tail ? RowIdxLayout::scatter
-                              : RowIdxLayout::gather;
-    r.flags = b.flags;
-    r.expanded_row_idx = pr.expanded_row_idx;
-    r.rank = b.rank;
+    const RowIdxArgs r = row_idx_args(pr, b);
     routing_row_idx<<<unsigned(pair_blocks), kThreads, 0, stream>>>(r);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_row_idx"));
   }
 
   // 6. The rows.
   if (pr.expanded_rows > 0) {
-    RowsArgs a{};
-    a.x = pr.x;
-    a.expert_idx = pr.expert_idx;
-    a.scale = pr.scale;
-    a.offset = pr.offset;
-    a.topk_weight = pr.topk_weight;
-    a.scale_rows = pr.scale_rows;
-    a.num_rows = pr.num_rows;
-    a.top_k = pr.top_k;
-    a.hidden = H;
-    a.range_start = pr.range_start;
-    a.order = b.order;
-    a.rank = b.rank;
-    a.first = b.first;
-    a.end = b.end;
-    a.flags = b.flags;
-    a.drop_pad = pr.drop_pad;
-    a.capacity = pr.expert_capacity;
-    a.row_limit = pr.row_limit;
-    a.rows = pr.expanded_rows;
-    a.ascend_950 = pr.flavour == QuantFlavour::ascend_950;
-    a.expanded_x = pr.expanded_x;
-    a.expanded_scale = pr.expanded_scale;
-    a.expanded_topk_weight = pr.expanded_topk_weight;
+    const RowsArgs a = rows_args(pr, b);
     MOE_ROUTING_RETURN_IF_ERROR(launch_rows(op, pr, a, stream));
   }
 
   // 7. The counts.
   if (pr.count_format != CountFormat::none) {
-    CountArgs c{};
-    c.first = b.first;
-    c.end = b.end;
-    c.range = range;
-    c.range_start = pr.range_start;
-    c.expert_num = pr.expert_num;
-    c.format = pr.count_format;
-    c.int64_output = pr.count_dtype == DType::int64;
-    c.counts = pr.counts;
+    const CountArgs c = count_args(pr, b);
     routing_counts<<<1, kThreads, 0, stream>>>(c);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "routing_counts"));
   }

@@ -3,6 +3,7 @@
 // byte-exact comparison of every output.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -124,22 +125,29 @@ inline ExecConfig forward_config(const Runner& runner, uint64_t size,
   return config;
 }
 
-/// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
-inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
-  ForwardResult r;
-  r.status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
-                                    c.offset.view(), c.topk_weight.view(), c.attrs, &r.plan);
-  if (!r.status.is_ok()) return r;
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
-                       &r.expanded_topk_weight};
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum, &r.plan.expanded_scale,
-                               &r.plan.expanded_topk_weight};
+/// Infers the case's plan and allocates the produced outputs from it (poisoned); the others stay
+/// absent. False (with r->status) when shape inference fails.
+inline bool plan_outputs(ForwardCase& c, ForwardResult* r) {
+  r->status = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
+                                     c.offset.view(), c.topk_weight.view(), c.attrs, &r->plan);
+  if (!r->status.is_ok()) return false;
+  Tensor* outputs[] = {&r->expanded_x, &r->expanded_row_idx, &r->counts, &r->expanded_scale,
+                       &r->expanded_topk_weight};
+  const OutputSpec* specs[] = {&r->plan.expanded_x, &r->plan.expanded_row_idx,
+                               &r->plan.expert_tokens_count_or_cumsum, &r->plan.expanded_scale,
+                               &r->plan.expanded_topk_weight};
   for (int i = 0; i < 5; ++i)
     if (specs[i]->produced) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
+  return true;
+}
+
+/// Allocates the produced outputs from the plan (poisoned), passes absent views for the others.
+inline ForwardResult run_forward(ForwardCase& c, const Runner& runner) {
+  ForwardResult r;
+  if (!plan_outputs(c, &r)) return r;
   std::vector<unsigned char> workspace;
   r.status = moe_init_routing(
       c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(), c.topk_weight.view(),
@@ -181,19 +189,25 @@ struct V2Result {
   Tensor expanded_x, expanded_row_idx, counts, before_capacity;
 };
 
-inline V2Result run_v2(V2Case& c, const Runner& runner) {
-  V2Result r;
-  r.status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r.plan);
-  if (!r.status.is_ok()) return r;
-  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
-  const OutputSpec* specs[] = {&r.plan.expanded_x, &r.plan.expanded_row_idx,
-                               &r.plan.expert_tokens_count_or_cumsum,
-                               &r.plan.expert_tokens_before_capacity};
+/// plan_outputs for moe_init_routing_v2.
+inline bool plan_outputs(V2Case& c, V2Result* r) {
+  r->status = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), c.attrs, &r->plan);
+  if (!r->status.is_ok()) return false;
+  Tensor* outputs[] = {&r->expanded_x, &r->expanded_row_idx, &r->counts, &r->before_capacity};
+  const OutputSpec* specs[] = {&r->plan.expanded_x, &r->plan.expanded_row_idx,
+                               &r->plan.expert_tokens_count_or_cumsum,
+                               &r->plan.expert_tokens_before_capacity};
   for (int i = 0; i < 4; ++i)
     if (specs[i]->produced) {
       *outputs[i] = Tensor::from_spec(*specs[i]);
       outputs[i]->poison();
     }
+  return true;
+}
+
+inline V2Result run_v2(V2Case& c, const Runner& runner) {
+  V2Result r;
+  if (!plan_outputs(c, &r)) return r;
   std::vector<unsigned char> workspace;
   r.status = moe_init_routing_v2(
       c.x.view(), c.expert_idx.view(), c.attrs, r.expanded_x.view(), r.expanded_row_idx.view(),
@@ -216,6 +230,93 @@ inline ::testing::AssertionResult same_result(const V2Result& a, const V2Result&
     if (!same) return ::testing::AssertionFailure() << names[i] << ": " << same.message();
   }
   return ::testing::AssertionSuccess();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random cases of both operators (the CPU tests and the CUDA backend's host test share them)
+// ---------------------------------------------------------------------------------------------
+
+enum class Scenario { dropless, partial_range, active, drop_pad };
+inline const Scenario kScenarios[] = {Scenario::dropless, Scenario::partial_range, Scenario::active,
+                                      Scenario::drop_pad};
+inline const char* scenario_name(Scenario s) {
+  switch (s) {
+    case Scenario::dropless: return "dropless";
+    case Scenario::partial_range: return "partial_range";
+    case Scenario::active: return "active";
+    case Scenario::drop_pad: return "drop_pad";
+  }
+  return "?";
+}
+
+/// Values spread over binades (integer_values: small integers, for exact dot products).
+inline std::vector<float> random_values(Random& rng, int64_t n, bool integer_values) {
+  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
+  for (float& f : v)
+    f = integer_values ? float(rng.integer(-3, 3)) : rng.uniform(int(rng.integer(-8, 8)));
+  return v;
+}
+
+inline ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant,
+                                     int64_t row_idx_type, bool integer_values) {
+  ForwardCase c;
+  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19),
+                E = rng.integer(1, 12);
+  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));  // -1 and E are never routed
+  c.expert_idx = Tensor::int32s({N, K}, ids);
+  MoeInitRoutingAttrs& a = c.attrs;
+  a.expert_num = E;
+  a.quant_mode = quant;
+  a.row_idx_type = row_idx_type;
+  a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
+  a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
+  a.expert_tokens_num_type = rng.integer(0, 2);
+  int64_t range = E;
+  if (scenario == Scenario::partial_range) {
+    const int64_t s = rng.integer(0, E - 1), e = rng.integer(s + 1, E);
+    a.has_active_expert_range = true;
+    a.active_expert_range = {s, e};
+    range = e - s;
+  }
+  if (scenario == Scenario::active) a.active_num = rng.integer(1, N * K + 2);
+  if (scenario == Scenario::drop_pad) {
+    a.drop_pad_mode = 1;
+    a.expert_capacity = rng.integer(1, N);
+  }
+  if (rng.integer(0, 1))
+    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
+  if (quant == -1 && rng.integer(0, 1))
+    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
+  if (quant == 0) {
+    c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
+    if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(4)});
+  }
+  if (quant == 1 && rng.integer(0, 2) != 0) {
+    const int64_t rows = rng.integer(0, 1) ? range : 1;
+    c.scale = Tensor::floats(DType::float32, {rows, H}, random_values(rng, rows * H, false));
+  }
+  return c;
+}
+
+inline V2Case make_v2_case(Random& rng, DType dtype, int mode, bool integer_values) {
+  V2Case c;
+  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19),
+                E = rng.integer(1, 12);
+  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(0, E - 1));
+  c.expert_idx = Tensor::int32s({N, K}, ids);
+  c.attrs.expert_num = E;
+  c.attrs.expert_tokens_count_or_cumsum_flag = rng.integer(0, 2);
+  c.attrs.expert_tokens_before_capacity_flag = rng.integer(0, 1) != 0;
+  if (mode == 1) c.attrs.active_num = rng.integer(1, N * K + 2);
+  if (mode == 2) {
+    c.attrs.drop_pad_mode = 1;
+    c.attrs.expert_capacity = rng.integer(1, N);
+  }
+  return c;
 }
 
 }  // namespace moe_routing::testing

@@ -458,31 +458,54 @@ TEST(CApiErrors, RoutingPhaseOneMatchesCpp) {
   });
 }
 
-// The C ABI runs the CPU kernels only, whether or not the library has the CUDA backend, so a
-// call on CUDA tensors stops in phase one (never reaching the C++ entry point).
-TEST(CApiErrors, CudaTensorsAreNotSupported) {
-  GradCall grad;
-  for (Arg* a : {&grad.grad_expanded_x, &grad.expanded_row_idx, &grad.grad_x})
-    a->device = Device::cuda;
-  V2Call v2;
-  for (Arg* a : {&v2.x, &v2.expert_idx, &v2.expanded_x, &v2.expanded_row_idx, &v2.counts})
-    a->device = Device::cuda;
-  RoutingCall routing;
-  for (Arg* a : {&routing.x, &routing.expert_idx, &routing.topk_weight, &routing.expanded_x,
-                 &routing.expanded_row_idx, &routing.counts, &routing.expanded_topk_weight})
-    a->device = Device::cuda;
+// Phase one validates with the C++ entry point's own function, so cuda tensors fare exactly as in
+// the C++ API, and the test follows the build it is in: without the CUDA backend phase one
+// refuses them (not supported); with it phase one accepts them (no workspace: the CUDA backend
+// has its own pool) and phase two runs them as the C++ API does. Here their buffers are host
+// memory, so both fail alike there (no GPU: a runtime error; a GPU: not device memory), writing
+// nothing.
+template <class Call>
+void expect_cuda_tensors_fare_as_in_cpp(Call& cpp_call, Call& c_call, const std::string& op) {
+  const Status expected = cpp_call.cpp();
+  EXPECT_FALSE(expected.is_ok());
   mrExecutor* executor = nullptr;
-  const std::pair<Outcome, const char*> outcomes[] = {
-      {grad.phase_one(&executor), "moe_init_routing_grad: "},
-      {v2.phase_one(&executor), "moe_init_routing_v2: "},
-      {routing.phase_one(&executor), "moe_init_routing: "}};
-  for (const auto& [o, op] : outcomes) {
-    EXPECT_EQ(o.status, MR_ERROR_NOT_SUPPORTED);
-    EXPECT_EQ(o.message, std::string(op) +
-                             "device must be cpu (the C ABI runs the CPU kernels only), got cuda");
+  const Outcome one = c_call.phase_one(&executor);
+  if (!device_supported(Device::cuda)) {
+    EXPECT_EQ(expected.code(), StatusCode::not_supported);
+    EXPECT_EQ(expected.message(), op + "device must be cpu in this build, got cuda");
+    EXPECT_EQ(one.status, MR_ERROR_NOT_SUPPORTED);
+    EXPECT_EQ(one.message, expected.message());
+    EXPECT_EQ(executor, nullptr);
+  } else {
+    ASSERT_EQ(one.status, MR_SUCCESS) << one.message;
+    EXPECT_EQ(one.workspace_size, 0u);
+    EXPECT_EQ(mrDestroyExecutor(executor), MR_SUCCESS);
+    const Outcome both = c_call.c();
+    EXPECT_EQ(both.status, mrStatus(expected.code()));
+    EXPECT_EQ(both.message, expected.message());
   }
-  EXPECT_EQ(executor, nullptr);
-  EXPECT_TRUE(grad.outputs_untouched() && v2.outputs_untouched() && routing.outputs_untouched());
+  EXPECT_TRUE(cpp_call.outputs_untouched());
+  EXPECT_TRUE(c_call.outputs_untouched());
+}
+
+TEST(CApiErrors, CudaTensorsFareAsInTheCppApi) {
+  auto on_cuda = [](std::initializer_list<Arg*> args) {
+    for (Arg* a : args) a->device = Device::cuda;
+  };
+  GradCall grad, grad_c;
+  for (GradCall* c : {&grad, &grad_c})
+    on_cuda({&c->grad_expanded_x, &c->expanded_row_idx, &c->grad_x});
+  expect_cuda_tensors_fare_as_in_cpp(grad, grad_c, "moe_init_routing_grad: ");
+  V2Call v2, v2_c;
+  for (V2Call* c : {&v2, &v2_c})
+    on_cuda({&c->x, &c->expert_idx, &c->expanded_x, &c->expanded_row_idx, &c->counts});
+  expect_cuda_tensors_fare_as_in_cpp(v2, v2_c, "moe_init_routing_v2: ");
+  RoutingCall routing, routing_c;
+  for (RoutingCall* c : {&routing, &routing_c})
+    on_cuda({&c->x, &c->expert_idx, &c->topk_weight, &c->expanded_x, &c->expanded_row_idx,
+             &c->counts, &c->expanded_topk_weight});
+  expect_cuda_tensors_fare_as_in_cpp(routing, routing_c, "moe_init_routing: ");
+  EXPECT_EQ(live_executors(), 0);
 }
 
 TEST(CApiErrors, ActiveExpertRangeArray) {
@@ -664,8 +687,8 @@ TEST(CApiErrors, NullPointersAreNamed) {
        "moe_init_routing: executor must not be NULL, got NULL"},
       {[&] { return mrSetAccumulationOrder(nullptr, MR_ACCUMULATION_TREE); },
        "mrSetAccumulationOrder: executor must not be NULL, got NULL"},
-      {[&] { return mrSetQuantFlavour(nullptr, MR_QUANT_FLAVOUR_ATLAS_A2); },
-       "mrSetQuantFlavour: executor must not be NULL, got NULL"},
+      {[&] { return mrSetNumerics(nullptr, MR_NUMERICS_ATLAS_A2); },
+       "mrSetNumerics: executor must not be NULL, got NULL"},
   };
   for (const Row& row : rows) {
     SCOPED_TRACE(row.message);
@@ -894,13 +917,14 @@ TEST(CApiExecutor, WrongOperatorIsRefusedAndConsumed) {
   ASSERT_EQ(routing.phase_one(&routing_executor).status, MR_SUCCESS);
   EXPECT_EQ(live_executors(), 3);
 
-  // The setters refuse executors of other operators and leave them unchanged.
+  // The order setter refuses executors of other operators and leaves them unchanged; the
+  // numerics are the library's one switch, which every executor takes.
   EXPECT_EQ(mrSetAccumulationOrder(v2_executor, MR_ACCUMULATION_SEQUENTIAL),
             MR_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(mrGetLastErrorMessage()).find("the order only applies to the backward"),
             std::string::npos);
-  EXPECT_EQ(mrSetQuantFlavour(grad_executor, MR_QUANT_FLAVOUR_ASCEND_950),
-            MR_ERROR_INVALID_ARGUMENT);
+  for (mrExecutor* executor : {grad_executor, v2_executor, routing_executor})
+    EXPECT_EQ(mrSetNumerics(executor, MR_NUMERICS_ASCEND_950), MR_SUCCESS);
 
   EXPECT_EQ(mrMoeInitRoutingV2(nullptr, 0, grad_executor, nullptr), MR_ERROR_INVALID_ARGUMENT);
   EXPECT_STREQ(mrGetLastErrorMessage(),
@@ -939,12 +963,53 @@ TEST(CApiExecutor, AccumulationOrderSetter) {
   }
 }
 
-TEST(CApiExecutor, QuantFlavourSetter) {
+TEST(CApiExecutor, NumericsChooseTheBackwardOrderUnlessAnOrderIsSet) {
+  // Spec G1 row 0, column 0: tree (atlas_a2) gives 0, sequential (ascend_950) 2^-30.
+  struct Case {
+    const char* name;
+    std::vector<mrNumerics> numerics;  // mrSetNumerics calls, in order
+    bool set_order;                    // then mrSetAccumulationOrder(order)
+    mrAccumulationOrder order;
+    float expected;
+  };
+  const Case cases[] = {
+      {"default", {}, false, 0, 0.0f},
+      {"ascend_950", {MR_NUMERICS_ASCEND_950}, false, 0, 0x1p-30f},
+      {"back to atlas_a2", {MR_NUMERICS_ASCEND_950, MR_NUMERICS_ATLAS_A2}, false, 0, 0.0f},
+      {"ascend_950, tree override", {MR_NUMERICS_ASCEND_950}, true, MR_ACCUMULATION_TREE, 0.0f},
+      {"atlas_a2, sequential override",
+       {MR_NUMERICS_ATLAS_A2},
+       true,
+       MR_ACCUMULATION_SEQUENTIAL,
+       0x1p-30f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    GradCall call;
+    mrExecutor* executor = nullptr;
+    ASSERT_EQ(call.phase_one(&executor).status, MR_SUCCESS);
+    for (mrNumerics numerics : c.numerics) EXPECT_EQ(mrSetNumerics(executor, numerics), MR_SUCCESS);
+    if (c.set_order) {
+      EXPECT_EQ(mrSetAccumulationOrder(executor, c.order), MR_SUCCESS);
+    }
+    // An unknown value is refused and leaves the executor as it was.
+    EXPECT_EQ(mrSetNumerics(executor, 2), MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_STREQ(mrGetLastErrorMessage(),
+                 "mrSetNumerics: numerics must be MR_NUMERICS_ATLAS_A2 (0) or "
+                 "MR_NUMERICS_ASCEND_950 (1), got 2");
+    ASSERT_EQ(mrMoeInitRoutingV2Grad(nullptr, 0, executor, nullptr), MR_SUCCESS);
+    float got;
+    std::memcpy(&got, call.grad_x.bytes.data(), sizeof got);
+    EXPECT_EQ(float_bits(got), float_bits(c.expected));
+  }
+}
+
+TEST(CApiExecutor, NumericsSetter) {
   // Spec §3.3: x = 3.824000835418701, scale 1.7, offset 0: float32 path 6.5008 -> 7, float16
   // path 6.5 -> 6 (half to even).
-  for (const auto& [flavour, expected] :
-       {std::pair<mrQuantFlavour, int8_t>{MR_QUANT_FLAVOUR_ATLAS_A2, 7},
-        std::pair<mrQuantFlavour, int8_t>{MR_QUANT_FLAVOUR_ASCEND_950, 6}}) {
+  for (const auto& [numerics, expected] :
+       {std::pair<mrNumerics, int8_t>{MR_NUMERICS_ATLAS_A2, 7},
+        std::pair<mrNumerics, int8_t>{MR_NUMERICS_ASCEND_950, 6}}) {
     RoutingCall call;
     call.x = Arg(DType::float32, {1, 1});
     const float x = 3.824000835418701f, scale = 1.7f;
@@ -964,8 +1029,8 @@ TEST(CApiExecutor, QuantFlavourSetter) {
     mrExecutor* executor = nullptr;
     const Outcome o = call.phase_one(&executor);
     ASSERT_EQ(o.status, MR_SUCCESS) << o.message;
-    EXPECT_EQ(mrSetQuantFlavour(executor, flavour), MR_SUCCESS);
-    EXPECT_EQ(mrSetQuantFlavour(executor, -7), MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(mrSetNumerics(executor, numerics), MR_SUCCESS);
+    EXPECT_EQ(mrSetNumerics(executor, -7), MR_ERROR_INVALID_ARGUMENT);
     std::vector<unsigned char> workspace(size_t(o.workspace_size));
     ASSERT_EQ(mrMoeInitRouting(workspace.data(), o.workspace_size, executor, nullptr), MR_SUCCESS)
         << mrGetLastErrorMessage();
@@ -1218,7 +1283,7 @@ ForwardResult run_c_forward(ForwardCase& c) {
       a.expert_num, a.drop_pad_mode, a.expert_tokens_num_type, a.expert_tokens_num_flag,
       a.quant_mode, range_length ? range : nullptr, range_length, a.row_idx_type, ex.get(),
       eri.get(), cnt.get(), es.get(), ew.get(), &ws, &executor);
-  if (s == MR_SUCCESS) s = mrSetQuantFlavour(executor, mrQuantFlavour(a.flavour));
+  if (s == MR_SUCCESS) s = mrSetNumerics(executor, mrNumerics(a.numerics));
   std::vector<unsigned char> workspace(size_t(s == MR_SUCCESS ? ws : 0));
   if (s == MR_SUCCESS)
     s = mrMoeInitRouting(workspace.data(), ws, executor, nullptr);
@@ -1243,7 +1308,7 @@ TEST(CApiResults, RoutingEqualsCpp) {
     MoeInitRoutingAttrs& a = c.attrs;
     a.expert_num = e;
     a.quant_mode = rng.integer(-1, 1);
-    a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
+    a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
     a.drop_pad_mode = a.quant_mode == -1 && iteration % 4 == 0 ? 1 : 0;
     a.expert_capacity = a.drop_pad_mode ? rng.integer(1, std::max<int64_t>(1, n)) : -1;
     a.row_idx_type = a.drop_pad_mode ? 0 : rng.integer(0, 1);

@@ -29,7 +29,7 @@ static void check_constants(void) {
   EXPECT(MR_INT8 == 3 && MR_INT32 == 4 && MR_INT64 == 5);
   EXPECT(MR_DEVICE_CPU == 0 && MR_DEVICE_CUDA == 1);
   EXPECT(MR_ACCUMULATION_TREE == 0 && MR_ACCUMULATION_SEQUENTIAL == 1);
-  EXPECT(MR_QUANT_FLAVOUR_ATLAS_A2 == 0 && MR_QUANT_FLAVOUR_ASCEND_950 == 1);
+  EXPECT(MR_NUMERICS_ATLAS_A2 == 0 && MR_NUMERICS_ASCEND_950 == 1);
   EXPECT(MR_MAX_DIMS == 8);
   EXPECT(strcmp(mrGetStatusName(MR_ERROR_INDEX_OUT_OF_RANGE), "index out of range") == 0);
   EXPECT(strcmp(mrGetStatusName(77), "unknown status") == 0);

@@ -1,7 +1,7 @@
 // The moe-routing binary run as a subprocess: `golden grad` on the spec's examples G1-G5 and on
 // random cases (equal to the library's reference bit for bit), error behaviour (exit status 2,
 // the message on stderr, no output file); the forward commands `golden init-routing-v2` and
-// `golden init-routing` on the spec's examples F1-F3, Q1, Q2 and the static-quant flavours, on
+// `golden init-routing` on the spec's examples F1-F3, Q1, Q2 and the static-quant numerics, on
 // random cases (every output equal to the library's reference byte for byte) and on errors
 // (exit status 2, no file in --out-dir); help, version, info and a small demo. The tool under
 // hostile conditions (FIFOs and links as outputs, concurrent runs, endless inputs, sizes beyond
@@ -59,6 +59,46 @@ TEST(CliGolden, SpecExamplesBitExactInBothOrders) {
       EXPECT_TRUE(testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, expected), got))
           << order;
       EXPECT_FALSE(exists(out + ".tmp"));
+    }
+  }
+}
+
+// --numerics chooses the order (atlas_a2: tree, ascend_950: sequential); --order overrides it.
+TEST(CliGolden, NumericsChooseTheOrderUnlessOrderIsGiven) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  struct Flags {
+    std::vector<std::string> flags;
+    bool sequential;
+  };
+  const Flags cases[] = {{{}, false},
+                         {{"--numerics", "atlas_a2"}, false},
+                         {{"--numerics", "ascend_950"}, true},
+                         {{"--numerics", "ascend_950", "--order", "tree"}, false},
+                         {{"--numerics", "atlas_a2", "--order", "sequential"}, true}};
+  for (const Example& ex : examples()) {
+    SCOPED_TRACE(ex.name);
+    const FloatBuffer grad = FloatBuffer::from_floats(ex.dtype, ex.grad_values);
+    write_or_fail(dir.file("g.npy"), array_from(ex.dtype, ex.grad_shape, grad.data()));
+    write_or_fail(dir.file("r.npy"), array_from(DType::int32, {int64_t(ex.expanded_row_idx.size())},
+                                                ex.expanded_row_idx.data()));
+    int case_number = 0;
+    for (const Flags& c : cases) {
+      const std::string out = dir.file(std::string("out_") + ex.name + "_numerics" +
+                                       std::to_string(case_number++) + ".npy");
+      std::vector<std::string> extra = {"--drop-pad-mode", std::to_string(ex.drop_pad_mode),
+                                        "--active-num", std::to_string(ex.active_num)};
+      extra.insert(extra.end(), c.flags.begin(), c.flags.end());
+      const std::vector<std::string> args = golden_grad(dir, ex.top_k, out, extra);
+      const CliResult r = run_cli(dir, args);
+      ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+      EXPECT_NE(r.out.find(c.sequential ? "order sequential)" : "order tree)"), std::string::npos)
+          << r.out;
+      const int64_t n = int64_t(ex.expanded_row_idx.size()) / ex.top_k;
+      const FloatBuffer got = read_output(out, ex.dtype, {n, ex.grad_shape.back()});
+      const std::vector<float>& expected = c.sequential ? ex.expected_sequential : ex.expected_tree;
+      EXPECT_TRUE(testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, expected), got))
+          << describe(args, r);
     }
   }
 }
@@ -160,6 +200,8 @@ TEST(CliGolden, ErrorsExitWith2AndWriteNothing) {
        "moe-routing: golden grad: --top-k must be a 64-bit integer, got 'two'"},
       {"bad order", with({"--top-k", "2", "--order", "pairwise"}),
        "--order must be one of tree, sequential, got 'pairwise'"},
+      {"bad numerics", with({"--top-k", "2", "--numerics", "a3"}),
+       "moe-routing: golden grad: --numerics must be one of atlas_a2, ascend_950, got 'a3'"},
       {"threads out of range", with({"--top-k", "2", "--threads", "-1"}),
        "--threads must be in [0, 4096], got -1"},
       {"stray argument", with({"--top-k", "2", "extra"}), "unexpected argument 'extra'"},
@@ -432,7 +474,7 @@ TEST(CliGoldenForward, Q2StaticInt8InBothNumerics) {
         {{"expanded_x", i8({1, 5}, {2, -1, 1, 127, -2})}, {"expanded_row_idx", i32({1}, {0})}});
 }
 
-TEST(CliGoldenForward, StaticQuantFlavoursDiffer) {
+TEST(CliGoldenForward, StaticQuantNumericsDiffer) {
   // Spec §3.3: x = 3.824000835418701, scale 1.7, no offset: float32 path 6.5008 -> 7 (atlas_a2,
   // the default), float16 path 6.5 -> 6 (ascend_950).
   TempDir dir;
@@ -575,7 +617,7 @@ TEST(CliGoldenForward, RandomTorchApiCasesEqualTheReferenceByteForByte) {
           a.expert_num = e;
           a.quant_mode = quant;
           a.row_idx_type = row_idx_type;
-          a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
+          a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
           a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
           a.expert_tokens_num_type = rng.integer(0, 2);
           int64_t range = e;
@@ -633,7 +675,7 @@ TEST(CliGoldenForward, RandomTorchApiCasesEqualTheReferenceByteForByte) {
           if (a.has_active_expert_range)
             flags.push_back("--active-expert-range=" + std::to_string(a.active_expert_range.start) +
                             "," + std::to_string(a.active_expert_range.end));
-          if (a.flavour == QuantFlavour::ascend_950)
+          if (a.numerics == Numerics::ascend_950)
             flags.insert(flags.end(), {"--numerics", "ascend_950"});
           flags.insert(flags.end(), {"--backend", backends[case_number % 3], "--threads",
                                      std::to_string(case_number % 4)});
@@ -799,16 +841,30 @@ TEST(CliHelp, EveryCommandDocumentsEveryFlag) {
   const std::vector<Case> cases = {
       {{"golden", "grad"},
        {"--grad-expanded-x FILE", "--expanded-row-idx FILE", "--top-k K", "--drop-pad-mode 0|1",
-        "--active-num A", "--order tree|sequential", "--backend automatic|reference|cpu",
-        "--threads T", "--out FILE", "--help",
-        "Examples:", "moe-routing golden grad --grad-expanded-x"}},
+        "--active-num A", "--numerics atlas_a2|ascend_950", "(default: atlas_a2)",
+        "--order tree|sequential", "--backend automatic|reference|cpu", "--threads T", "--out FILE",
+        "--help", "Examples:", "moe-routing golden grad --grad-expanded-x"}},
       {{"golden", "init-routing-v2"},
-       {"--x FILE", "--expert-idx FILE", "--active-num A", "(default: 0)", "--expert-capacity C",
-        "--expert-num E", "--drop-pad-mode 0|1", "--expert-tokens-count-or-cumsum-flag 0|1|2",
-        "--expert-tokens-before-capacity-flag 0|1", "--backend automatic|reference|cpu",
-        "--threads T", "--out-dir DIR", "--help", "expanded_x.npy", "expanded_row_idx.npy",
-        "expert_tokens_count_or_cumsum.npy", "expert_tokens_before_capacity.npy",
-        "Examples:", "moe-routing golden init-routing-v2 --x"}},
+       {"--x FILE",
+        "--expert-idx FILE",
+        "--active-num A",
+        "(default: 0)",
+        "--expert-capacity C",
+        "--expert-num E",
+        "--drop-pad-mode 0|1",
+        "--expert-tokens-count-or-cumsum-flag 0|1|2",
+        "--expert-tokens-before-capacity-flag 0|1",
+        "--numerics atlas_a2|ascend_950",
+        "--backend automatic|reference|cpu",
+        "--threads T",
+        "--out-dir DIR",
+        "--help",
+        "expanded_x.npy",
+        "expanded_row_idx.npy",
+        "expert_tokens_count_or_cumsum.npy",
+        "expert_tokens_before_capacity.npy",
+        "Examples:",
+        "moe-routing golden init-routing-v2 --x"}},
       {{"golden", "init-routing"},
        {"--x FILE",
         "--expert-idx FILE",

@@ -1,5 +1,5 @@
 // The CUDA backend on a GPU, for both operators: every scenario, dtype, order, quantisation
-// flavour and row_idx_type, bitwise against the CPU backend on random inputs (outputs poisoned on
+// numerics and row_idx_type, bitwise against the CPU backend on random inputs (outputs poisoned on
 // the device first, so unwritten elements show); the spec's examples; bad indices give the CPU's
 // message word for word and leave every output untouched; canonical NaNs; streams; host pointers
 // rejected. Every test skips, saying why, when no GPU is present.
@@ -410,7 +410,7 @@ ForwardCase random_forward_case(Random& rng, DType dtype, Scenario scenario, int
   a.expert_num = E;
   a.quant_mode = quant;
   a.row_idx_type = row_idx_type;
-  a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
+  a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
   a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
   a.expert_tokens_num_type = rng.integer(0, 2);
   int64_t range = E;
@@ -457,8 +457,8 @@ TEST(CudaRouting, TorchApiMatchesTheCpuForEveryConfiguration) {
               ForwardCase c = random_forward_case(rng, dtype, scenario, quant, row_idx_type, large);
               SCOPED_TRACE(::testing::Message()
                            << dtype_name(dtype) << " scenario " << int(scenario) << " quant "
-                           << quant << " row_idx_type " << row_idx_type << " flavour "
-                           << quant_flavour_name(c.attrs.flavour) << " N=" << c.x.shape[0]
+                           << quant << " row_idx_type " << row_idx_type << " numerics "
+                           << numerics_name(c.attrs.numerics) << " N=" << c.x.shape[0]
                            << " K=" << c.expert_idx.shape[1] << " H=" << c.x.shape[1]
                            << " E=" << c.attrs.expert_num);
               const ForwardResult expected = testing::run_forward(c, kCpu);
@@ -627,22 +627,22 @@ TEST(CudaRouting, SpecExampleF3AndQuantisationExamples) {
       EXPECT_EQ(r.counts.values<int64_t>(), counts[count_type]);
     }
   // Q1: dynamic int8, round half away from zero, with and without a smooth scale.
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950}) {
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
     ForwardCase c;
     c.x = Tensor::floats(DType::float32, {2, 5},
                          {127.0f, 2.5f, -2.5f, 0.5f, -126.4f, 1.0f, -0.5f, 0.25f, 0.0f, 0.0f});
     c.expert_idx = Tensor::int32s({2, 1}, {0, 0});
     c.attrs.expert_num = 1;
     c.attrs.quant_mode = 1;
-    c.attrs.flavour = flavour;
+    c.attrs.numerics = numerics;
     const ForwardResult r = run_forward_cuda(c);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
     EXPECT_EQ(r.expanded_x.values<int8_t>(),
               (std::vector<int8_t>{127, 3, -3, 1, -126, 127, -64, 32, 0, 0}));
     EXPECT_EQ(r.expanded_scale.float_values()[0], 1.0f);
   }
-  // Q2 and the §3.3 flavour example (fp32 path 7, fp16 path 6).
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950}) {
+  // Q2 and the §3.3 numerics example (fp32 path 7, fp16 path 6).
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
     ForwardCase c;
     c.x = Tensor::floats(DType::float32, {1, 6},
                          {1.0f, -0.75f, 0.25f, 100.0f, -1.25f, 3.824000835418701f});
@@ -651,14 +651,14 @@ TEST(CudaRouting, SpecExampleF3AndQuantisationExamples) {
     c.offset = Tensor::floats(DType::float32, {1}, {0.5f});
     c.attrs.expert_num = 1;
     c.attrs.quant_mode = 0;
-    c.attrs.flavour = flavour;
+    c.attrs.numerics = numerics;
     const ForwardResult r = run_forward_cuda(c);
     ASSERT_TRUE(r.status.is_ok()) << r.status.message();
     const std::vector<int8_t> q = r.expanded_x.values<int8_t>();
     EXPECT_EQ(std::vector<int8_t>(q.begin(), q.begin() + 5),
               (std::vector<int8_t>{2, -1, 1, 127, -2}));
     const ForwardResult cpu = testing::run_forward(c, kCpu);
-    EXPECT_TRUE(testing::same_result(cpu, r)) << quant_flavour_name(flavour);
+    EXPECT_TRUE(testing::same_result(cpu, r)) << numerics_name(numerics);
   }
 }
 

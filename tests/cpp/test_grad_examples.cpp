@@ -74,6 +74,46 @@ TEST(GradExamples, BitExactInBothOrdersOnEveryBackend) {
   }
 }
 
+// The numerics choose the order (atlas_a2: tree, ascend_950: sequential) unless attrs.order names
+// one, which then overrides them.
+TEST(GradExamples, NumericsChooseTheOrderUnlessOneIsGiven) {
+  struct Choice {
+    Numerics numerics;
+    AccumulationOrder order;
+    bool sequential;
+  };
+  const Choice choices[] = {{Numerics::atlas_a2, AccumulationOrder::from_numerics, false},
+                            {Numerics::ascend_950, AccumulationOrder::from_numerics, true},
+                            {Numerics::ascend_950, AccumulationOrder::tree, false},
+                            {Numerics::atlas_a2, AccumulationOrder::sequential, true}};
+  EXPECT_EQ(MoeInitRoutingGradAttrs().numerics, Numerics::atlas_a2);
+  EXPECT_EQ(MoeInitRoutingGradAttrs().order, AccumulationOrder::from_numerics);
+  for (const Example& ex : examples())
+    for (const Choice& choice : choices) {
+      SCOPED_TRACE(std::string(ex.name) + " " + numerics_name(choice.numerics) + " " +
+                   accumulation_order_name(choice.order));
+      Example chosen = ex;
+      chosen.attrs.numerics = choice.numerics;
+      FloatBuffer grad = FloatBuffer::from_floats(ex.dtype, ex.grad_values);
+      std::vector<int32_t> idx = ex.expanded_row_idx;
+      const TensorView g(grad.data(), ex.dtype, int(ex.grad_shape.size()), ex.grad_shape.data());
+      const TensorView r(idx.data(), DType::int32, {int64_t(idx.size())});
+      MoeInitRoutingGradAttrs attrs = chosen.attrs;
+      attrs.order = choice.order;
+      MoeInitRoutingGradPlan plan;
+      ASSERT_TRUE(infer_moe_init_routing_grad(g, r, attrs, &plan).is_ok());
+      EXPECT_EQ(plan.order,
+                choice.sequential ? AccumulationOrder::sequential : AccumulationOrder::tree);
+      for (const testing::Runner& runner : testing::all_runners()) {
+        const FloatBuffer got = run(chosen, choice.order, runner);
+        const std::vector<float>& expected =
+            choice.sequential ? ex.expected_sequential : ex.expected_tree;
+        EXPECT_TRUE(testing::bitwise_equal(FloatBuffer::from_floats(ex.dtype, expected), got))
+            << runner.name();
+      }
+    }
+}
+
 TEST(GradExamples, G4IsASubnormalOnlyInSequentialOrder) {
   // Guards the example itself: the two orders must really disagree.
   Example g4 = examples()[4];

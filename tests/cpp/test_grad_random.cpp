@@ -192,6 +192,20 @@ TEST(GradRandom, EmptyInputsGiveCorrectlyShapedResults) {
   EXPECT_EQ(plan.source_rows, 0);
 }
 
+// No output row (N = 0, here with a top_k no buffer could hold): every backend returns at once, the
+// reference too, without sizing a buffer by top_k (the fuzzer found the reference throwing).
+TEST(GradRandom, NoOutputRowsWithAHugeTopKOnEveryBackend) {
+  float dummy = 0.0f;
+  int32_t no_index = 0;
+  const int64_t huge = std::numeric_limits<int64_t>::max() / 2;
+  for (const testing::Runner& runner : testing::all_runners()) {
+    const Status s = moe_init_routing_grad(
+        TensorView(&dummy, DType::float32, {0, 3}), TensorView(&no_index, DType::int32, {0}),
+        {huge, 0, 0}, TensorView(&dummy, DType::float32, {0, 3}), runner.config());
+    EXPECT_TRUE(s.is_ok()) << runner.name() << ": " << s.message();
+  }
+}
+
 TEST(GradRandom, ActiveNumAboveNKAcceptsTheForwardsRowCount) {
   // The V2 forward keeps min(active_num, N*K) rows; the backward accepts that count too.
   std::vector<float> grad{1, 2, 3, 4};

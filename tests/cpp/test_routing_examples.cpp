@@ -1,11 +1,11 @@
-// The spec's forward examples (F1, F2, G1's forward, F3, Q1, Q2 and the static-quant flavour
+// The spec's forward examples (F1, F2, G1's forward, F3, Q1, Q2 and the static-quant numerics
 // example of §3.3), exactly, through every backend (reference, each CPU ISA, several thread
 // counts).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "ops/moe_init_routing/quantize.h"
+#include "params/quantize.h"
 #include "routing_cases.h"
 
 namespace moe_routing {
@@ -220,29 +220,29 @@ TEST(RoutingExamples, RowIdxType1TailFollowsTheGoldenOrder) {
 
 // --- Q1: dynamic int8 ------------------------------------------------------------------------
 
-ForwardCase dynamic_case(std::vector<float> x, QuantFlavour flavour) {
+ForwardCase dynamic_case(std::vector<float> x, Numerics numerics) {
   ForwardCase c;
   const int64_t h = int64_t(x.size());
   c.x = Tensor::floats(DType::float32, {1, h}, x);
   c.expert_idx = Tensor::int32s({1, 1}, {0});
   c.attrs.expert_num = 1;
   c.attrs.quant_mode = 1;
-  c.attrs.flavour = flavour;
+  c.attrs.numerics = numerics;
   return c;
 }
 
 TEST(RoutingExamples, Q1DynamicInt8RoundsHalfAwayFromZero) {
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950})
     for (const testing::Runner& runner : testing::all_runners()) {
-      SCOPED_TRACE(std::string(quant_flavour_name(flavour)) + " on " + runner.name());
-      ForwardCase a = dynamic_case({127.0f, 2.5f, -2.5f, 0.5f, -126.4f}, flavour);
+      SCOPED_TRACE(std::string(numerics_name(numerics)) + " on " + runner.name());
+      ForwardCase a = dynamic_case({127.0f, 2.5f, -2.5f, 0.5f, -126.4f}, numerics);
       ForwardResult ra = testing::run_forward(a, runner);
       ASSERT_TRUE(ra.status.is_ok()) << ra.status.message();
       EXPECT_EQ(ra.expanded_x.dtype, DType::int8);
       EXPECT_EQ(bytes(ra.expanded_x), (std::vector<int8_t>{127, 3, -3, 1, -126}));
       EXPECT_EQ(ra.expanded_scale.values<float>(), (std::vector<float>{1.0f}));
 
-      ForwardCase b = dynamic_case({1.0f, -0.5f, 0.25f, 0.0f}, flavour);
+      ForwardCase b = dynamic_case({1.0f, -0.5f, 0.25f, 0.0f}, numerics);
       ForwardResult rb = testing::run_forward(b, runner);
       ASSERT_TRUE(rb.status.is_ok()) << rb.status.message();
       EXPECT_EQ(bytes(rb.expanded_x), (std::vector<int8_t>{127, -64, 32, 0}));
@@ -251,11 +251,11 @@ TEST(RoutingExamples, Q1DynamicInt8RoundsHalfAwayFromZero) {
 }
 
 TEST(RoutingExamples, Q1SmoothScaleUsesThePairsExpertRow) {
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950})
     for (const testing::Runner& runner : testing::all_runners()) {
-      SCOPED_TRACE(std::string(quant_flavour_name(flavour)) + " on " + runner.name());
+      SCOPED_TRACE(std::string(numerics_name(numerics)) + " on " + runner.name());
       // The spec's example: range [1, 2), the pair goes to expert 1, scale row [2, 1, -4, 1].
-      ForwardCase c = dynamic_case({1.0f, -0.5f, 0.25f, 0.0f}, flavour);
+      ForwardCase c = dynamic_case({1.0f, -0.5f, 0.25f, 0.0f}, numerics);
       c.expert_idx = Tensor::int32s({1, 1}, {1});
       c.attrs.expert_num = 2;
       c.attrs.has_active_expert_range = true;
@@ -267,7 +267,8 @@ TEST(RoutingExamples, Q1SmoothScaleUsesThePairsExpertRow) {
       EXPECT_EQ(r.expanded_scale.values<float>()[0], 0.015748031437397003f);
 
       // Two tokens, range [0, 2) with one smooth row per expert: row = expert - start.
-      ForwardCase two = dynamic_case({1.0f, -0.5f, 0.25f, 0.0f, 1.0f, -0.5f, 0.25f, 0.0f}, flavour);
+      ForwardCase two =
+          dynamic_case({1.0f, -0.5f, 0.25f, 0.0f, 1.0f, -0.5f, 0.25f, 0.0f}, numerics);
       two.x = Tensor::floats(DType::float32, {2, 4},
                              {1.0f, -0.5f, 0.25f, 0.0f, 1.0f, -0.5f, 0.25f, 0.0f});
       two.expert_idx = Tensor::int32s({2, 1}, {1, 0});
@@ -282,13 +283,13 @@ TEST(RoutingExamples, Q1SmoothScaleUsesThePairsExpertRow) {
 
 TEST(RoutingExamples, DynamicZeroAndNanRowsQuantiseToZero) {
   for (const testing::Runner& runner : testing::all_runners()) {
-    ForwardCase zero = dynamic_case({0.0f, -0.0f, 0.0f}, QuantFlavour::atlas_a2);
+    ForwardCase zero = dynamic_case({0.0f, -0.0f, 0.0f}, Numerics::atlas_a2);
     ForwardResult rz = testing::run_forward(zero, runner);
     ASSERT_TRUE(rz.status.is_ok()) << rz.status.message();
     EXPECT_EQ(bytes(rz.expanded_x), (std::vector<int8_t>{0, 0, 0})) << runner.name();
     EXPECT_EQ(float_bits(rz.expanded_scale.values<float>()[0]), 0u) << runner.name();
 
-    ForwardCase nan = dynamic_case({1.0f, std::nanf(""), -3.0f}, QuantFlavour::ascend_950);
+    ForwardCase nan = dynamic_case({1.0f, std::nanf(""), -3.0f}, Numerics::ascend_950);
     ForwardResult rn = testing::run_forward(nan, runner);
     ASSERT_TRUE(rn.status.is_ok()) << rn.status.message();
     EXPECT_EQ(bytes(rn.expanded_x), (std::vector<int8_t>{0, 0, 0})) << runner.name();
@@ -297,8 +298,8 @@ TEST(RoutingExamples, DynamicZeroAndNanRowsQuantiseToZero) {
   }
 }
 
-TEST(RoutingExamples, DynamicScaleFlavoursDifferInTheLastBit) {
-  // Find an m where m / 127 and m * float32(1/127) differ, and check both flavours use theirs.
+TEST(RoutingExamples, DynamicScaleNumericsDifferInTheLastBit) {
+  // Find an m where m / 127 and m * float32(1/127) differ, and check both numerics use theirs.
   float m = 0.0f;
   for (int i = 1; i < 10000 && m == 0.0f; ++i) {
     const float candidate = 1.0f + float(i) / 1024.0f;
@@ -307,8 +308,8 @@ TEST(RoutingExamples, DynamicScaleFlavoursDifferInTheLastBit) {
   ASSERT_NE(m, 0.0f);
   EXPECT_EQ(quantize::kReciprocal127, float(1.0 / 127.0));
   for (const testing::Runner& runner : testing::all_runners()) {
-    ForwardCase a2 = dynamic_case({m, -1.0f}, QuantFlavour::atlas_a2);
-    ForwardCase a950 = dynamic_case({m, -1.0f}, QuantFlavour::ascend_950);
+    ForwardCase a2 = dynamic_case({m, -1.0f}, Numerics::atlas_a2);
+    ForwardCase a950 = dynamic_case({m, -1.0f}, Numerics::ascend_950);
     ForwardResult r2 = testing::run_forward(a2, runner), r950 = testing::run_forward(a950, runner);
     ASSERT_TRUE(r2.status.is_ok() && r950.status.is_ok());
     EXPECT_EQ(r2.expanded_scale.values<float>()[0], m / 127.0f) << runner.name();
@@ -318,10 +319,10 @@ TEST(RoutingExamples, DynamicScaleFlavoursDifferInTheLastBit) {
   }
 }
 
-// --- Q2 and the static flavours --------------------------------------------------------------
+// --- Q2 and the static numerics -------------------------------------------------------------
 
 ForwardCase static_case(DType dtype, std::vector<float> x, float scale, const float* offset,
-                        QuantFlavour flavour) {
+                        Numerics numerics) {
   ForwardCase c;
   const int64_t h = int64_t(x.size());
   c.x = Tensor::floats(dtype, {1, h}, x);
@@ -330,17 +331,17 @@ ForwardCase static_case(DType dtype, std::vector<float> x, float scale, const fl
   if (offset != nullptr) c.offset = Tensor::floats(DType::float32, {1}, {*offset});
   c.attrs.expert_num = 1;
   c.attrs.quant_mode = 0;
-  c.attrs.flavour = flavour;
+  c.attrs.numerics = numerics;
   return c;
 }
 
 TEST(RoutingExamples, Q2StaticInt8RoundsHalfToEvenAndSaturates) {
   const float offset = 0.5f;
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950})
     for (const testing::Runner& runner : testing::all_runners()) {
-      SCOPED_TRACE(std::string(quant_flavour_name(flavour)) + " on " + runner.name());
+      SCOPED_TRACE(std::string(numerics_name(numerics)) + " on " + runner.name());
       ForwardCase c = static_case(DType::float32, {1.0f, -0.75f, 0.25f, 100.0f, -1.25f}, 2.0f,
-                                  &offset, flavour);
+                                  &offset, numerics);
       ForwardResult r = testing::run_forward(c, runner);
       ASSERT_TRUE(r.status.is_ok()) << r.status.message();
       EXPECT_EQ(bytes(r.expanded_x), (std::vector<int8_t>{2, -1, 1, 127, -2}));
@@ -348,16 +349,16 @@ TEST(RoutingExamples, Q2StaticInt8RoundsHalfToEvenAndSaturates) {
     }
 }
 
-TEST(RoutingExamples, StaticQuantFlavoursDiffer) {
+TEST(RoutingExamples, StaticQuantNumericsDiffer) {
   // Spec §3.3: x = 3.824000835418701, scale 1.7, offset 0: fp32 path 6.5008 -> 7, fp16 path 6.5
   // -> 6.
   const float zero = 0.0f;
   for (const testing::Runner& runner : testing::all_runners())
     for (bool with_offset : {true, false}) {
       ForwardCase a2 = static_case(DType::float32, {3.824000835418701f}, 1.7f,
-                                   with_offset ? &zero : nullptr, QuantFlavour::atlas_a2);
+                                   with_offset ? &zero : nullptr, Numerics::atlas_a2);
       ForwardCase a950 = static_case(DType::float32, {3.824000835418701f}, 1.7f,
-                                     with_offset ? &zero : nullptr, QuantFlavour::ascend_950);
+                                     with_offset ? &zero : nullptr, Numerics::ascend_950);
       ForwardResult r2 = testing::run_forward(a2, runner),
                     r950 = testing::run_forward(a950, runner);
       ASSERT_TRUE(r2.status.is_ok() && r950.status.is_ok());
@@ -369,17 +370,17 @@ TEST(RoutingExamples, StaticQuantFlavoursDiffer) {
 TEST(RoutingExamples, StaticQuantSpecialValues) {
   const float offset = 0.0f;
   const float inf = std::numeric_limits<float>::infinity();
-  for (QuantFlavour flavour : {QuantFlavour::atlas_a2, QuantFlavour::ascend_950})
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950})
     for (const testing::Runner& runner : testing::all_runners()) {
       ForwardCase c = static_case(DType::float32,
                                   {2.5f, 3.5f, -2.5f, -3.5f, 1000.0f, -1000.0f, std::nanf(""), inf,
                                    -inf, 127.4f, -128.4f, -0.5f},
-                                  1.0f, &offset, flavour);
+                                  1.0f, &offset, numerics);
       ForwardResult r = testing::run_forward(c, runner);
       ASSERT_TRUE(r.status.is_ok()) << r.status.message();
       EXPECT_EQ(bytes(r.expanded_x),
                 (std::vector<int8_t>{2, 4, -2, -4, 127, -128, 0, 127, -128, 127, -128, 0}))
-          << quant_flavour_name(flavour) << " on " << runner.name();
+          << numerics_name(numerics) << " on " << runner.name();
     }
 }
 

@@ -22,88 +22,12 @@ using testing::V2Result;
 
 const DType kDtypes[] = {DType::float32, DType::float16, DType::bfloat16};
 
-enum class Scenario { dropless, partial_range, active, drop_pad };
-const Scenario kScenarios[] = {Scenario::dropless, Scenario::partial_range, Scenario::active,
-                               Scenario::drop_pad};
-const char* scenario_name(Scenario s) {
-  switch (s) {
-    case Scenario::dropless: return "dropless";
-    case Scenario::partial_range: return "partial_range";
-    case Scenario::active: return "active";
-    case Scenario::drop_pad: return "drop_pad";
-  }
-  return "?";
-}
-
-/// Values spread over binades (integer_values: small integers, for exact dot products).
-std::vector<float> random_values(Random& rng, int64_t n, bool integer_values) {
-  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
-  for (float& f : v)
-    f = integer_values ? float(rng.integer(-3, 3)) : rng.uniform(int(rng.integer(-8, 8)));
-  return v;
-}
-
-ForwardCase make_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant,
-                              int64_t row_idx_type, bool integer_values) {
-  ForwardCase c;
-  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19),
-                E = rng.integer(1, 12);
-  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
-  std::vector<int32_t> ids(size_t(N * K));
-  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));  // -1 and E are never routed
-  c.expert_idx = Tensor::int32s({N, K}, ids);
-  MoeInitRoutingAttrs& a = c.attrs;
-  a.expert_num = E;
-  a.quant_mode = quant;
-  a.row_idx_type = row_idx_type;
-  a.flavour = rng.integer(0, 1) ? QuantFlavour::ascend_950 : QuantFlavour::atlas_a2;
-  a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
-  a.expert_tokens_num_type = rng.integer(0, 2);
-  int64_t range = E;
-  if (scenario == Scenario::partial_range) {
-    const int64_t s = rng.integer(0, E - 1), e = rng.integer(s + 1, E);
-    a.has_active_expert_range = true;
-    a.active_expert_range = {s, e};
-    range = e - s;
-  }
-  if (scenario == Scenario::active) a.active_num = rng.integer(1, N * K + 2);
-  if (scenario == Scenario::drop_pad) {
-    a.drop_pad_mode = 1;
-    a.expert_capacity = rng.integer(1, N);
-  }
-  if (rng.integer(0, 1))
-    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
-  if (quant == -1 && rng.integer(0, 1))
-    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
-  if (quant == 0) {
-    c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
-    if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(4)});
-  }
-  if (quant == 1 && rng.integer(0, 2) != 0) {
-    const int64_t rows = rng.integer(0, 1) ? range : 1;
-    c.scale = Tensor::floats(DType::float32, {rows, H}, random_values(rng, rows * H, false));
-  }
-  return c;
-}
-
-V2Case make_v2_case(Random& rng, DType dtype, int mode, bool integer_values) {
-  V2Case c;
-  const int64_t N = rng.integer(1, 24), K = rng.integer(1, 6), H = rng.integer(1, 19),
-                E = rng.integer(1, 12);
-  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H, integer_values));
-  std::vector<int32_t> ids(size_t(N * K));
-  for (int32_t& id : ids) id = int32_t(rng.integer(0, E - 1));
-  c.expert_idx = Tensor::int32s({N, K}, ids);
-  c.attrs.expert_num = E;
-  c.attrs.expert_tokens_count_or_cumsum_flag = rng.integer(0, 2);
-  c.attrs.expert_tokens_before_capacity_flag = rng.integer(0, 1) != 0;
-  if (mode == 1) c.attrs.active_num = rng.integer(1, N * K + 2);
-  if (mode == 2) {
-    c.attrs.drop_pad_mode = 1;
-    c.attrs.expert_capacity = rng.integer(1, N);
-  }
-  return c;
-}
+using testing::kScenarios;
+using testing::make_forward_case;
+using testing::make_v2_case;
+using testing::random_values;
+using testing::Scenario;
+using testing::scenario_name;
 
 // --- CPU == reference -------------------------------------------------------------------------
 

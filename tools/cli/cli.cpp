@@ -167,6 +167,15 @@ std::vector<std::unique_ptr<Command>> make_commands() {
   return commands;
 }
 
+ArgParser::Flag& add_numerics_flag(ArgParser& parser, const std::string& effect,
+                                   std::string* target) {
+  return parser.add_choice("--numerics",
+                           "the device whose arithmetic is reproduced: atlas_a2 (Atlas A2/A3 "
+                           "kernels) or ascend_950 (Ascend 950 kernels); " +
+                               effect,
+                           {"atlas_a2", "ascend_950"}, target);
+}
+
 int report_error(const Status& status) {
   std::cerr << status.message() << std::endl;
   return kExitError;

@@ -40,6 +40,12 @@ std::unique_ptr<Command> make_bench_command();
 /// Every command, in the order the top-level help lists them.
 std::vector<std::unique_ptr<Command>> make_commands();
 
+/// `--numerics atlas_a2|ascend_950` (default atlas_a2), the library's one numerics switch
+/// (moe_routing/numerics.h), as every golden command declares it; `effect` says what it selects
+/// for the command. Bound to *target; moe_routing::parse_numerics reads it.
+ArgParser::Flag& add_numerics_flag(ArgParser& parser, const std::string& effect,
+                                   std::string* target);
+
 /// Prints status.message() unchanged to stderr and returns kExitError.
 int report_error(const Status& status);
 

@@ -17,8 +17,8 @@ class GoldenGradCommand : public Command {
     return {"golden grad", "compute moe_init_routing_grad (grad_x) from .npy files",
             R"(Reads grad_expanded_x and expanded_row_idx, computes
 grad_x[i, :] = sum over t < top_k of grad_expanded_x[expanded_row_idx[i*top_k + t], :]
-in float32 in the chosen order (tree = Atlas A2/A3 kernel, sequential = Ascend 950 kernel),
-rounds once to the input's dtype and writes grad_x [N, H] with N = len(expanded_row_idx) / top_k.
+in float32 in the order of the chosen numerics (--numerics atlas_a2: the Atlas A2/A3 kernel's tree
+order; ascend_950: the Ascend 950 kernel's sequential order; --order overrides it), rounds once to the input's dtype and writes grad_x [N, H] with N = len(expanded_row_idx) / top_k.
 
 Scenarios as in CANN's aclnnMoeInitRoutingV2Grad: dropless (drop_pad_mode 0, active_num 0,
 grad_expanded_x [N*top_k, H]); active (drop_pad_mode 0, active_num > 0, grad_expanded_x
@@ -33,7 +33,7 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
             "moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 2 "
             "--out grad_x.npy\n"
             "moe-routing golden grad --grad-expanded-x g.npy --expanded-row-idx r.npy --top-k 8 "
-            "--drop-pad-mode 1 --order sequential --out grad_x.npy"};
+            "--drop-pad-mode 1 --numerics ascend_950 --out grad_x.npy"};
   }
 
   void declare(ArgParser& p) override {
@@ -51,10 +51,12 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
     p.add_int("--active-num", "A",
               "active_num of the forward (drop_pad_mode 0): 0 = dropless, > 0 = active scenario",
               &active_num_);
+    add_numerics_flag(p, "selects the accumulation order (tree, sequential)", &numerics_);
     p.add_choice("--order",
-                 "float32 accumulation order: tree (Atlas A2/A3 kernel) or sequential (Ascend 950 "
-                 "kernel)",
-                 {"tree", "sequential"}, &order_);
+                 "float32 accumulation order, overriding --numerics: tree (Atlas A2/A3 kernel) or "
+                 "sequential (Ascend 950 kernel)",
+                 {"tree", "sequential"}, &order_)
+        .default_text("by --numerics");
     p.add_choice(
         "--backend",
         "implementation: automatic (CPU kernels), reference (plain loops) or cpu; all give "
@@ -72,7 +74,7 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
                  {"cpu", "cuda"}, &device_);
   }
 
-  int run(const ArgParser&) override {
+  int run(const ArgParser& parser) override {
     npy::Array grad, index;
     Status s = npy::read(grad_path_, &grad, "--grad-expanded-x");
     if (!s.is_ok()) return report_error(s);
@@ -83,7 +85,8 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
     attrs.top_k = top_k_;
     attrs.drop_pad_mode = drop_pad_mode_;
     attrs.active_num = active_num_;
-    parse_accumulation_order(order_.c_str(), &attrs.order);  // the parser admitted only valid names
+    parse_numerics(numerics_.c_str(), &attrs.numerics);  // the parser admitted only valid names
+    if (parser.given("--order")) parse_accumulation_order(order_.c_str(), &attrs.order);
     ExecConfig config;
     config.backend = backend_ == "reference" ? Backend::reference
                      : backend_ == "cpu"     ? Backend::cpu
@@ -106,7 +109,8 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
     if (!s.is_ok()) return report_error(s);
     std::cout << "wrote " << out_path_ << ": grad_x " << dtype_name(plan.dtype) << " ["
               << plan.grad_x_shape[0] << ", " << plan.grad_x_shape[1] << "] ("
-              << grad_scenario_name(plan.scenario) << ", order " << order_ << ")\n";
+              << grad_scenario_name(plan.scenario) << ", order "
+              << accumulation_order_name(plan.order) << ")\n";
     return kExitOk;
   }
 
@@ -144,7 +148,7 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
 
   std::string grad_path_, index_path_, out_path_;
   int64_t top_k_ = 0, drop_pad_mode_ = 0, active_num_ = 0, threads_ = 0;
-  std::string order_ = "tree", backend_ = "automatic", device_ = "cpu";
+  std::string numerics_ = "atlas_a2", order_ = "tree", backend_ = "automatic", device_ = "cpu";
 };
 
 }  // namespace

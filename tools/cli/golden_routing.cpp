@@ -236,6 +236,10 @@ CANN.
               "expert_tokens_before_capacity_flag (drop_pad_mode 1): 1 writes the per-expert "
               "counts before capacity",
               &before_capacity_flag_, 0, 1);
+    add_numerics_flag(p,
+                      "no effect here (moe_init_routing_v2 has no quantisation); accepted as by "
+                      "every golden command",
+                      &numerics_);
     p.add_choice("--backend", kBackendHelp, {"automatic", "reference", "cpu"}, &backend_);
     p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, 4096);
     p.add_string("--out-dir", "DIR",
@@ -276,7 +280,7 @@ CANN.
   std::string x_path_, expert_idx_path_, out_dir_;
   MoeInitRoutingV2Attrs attrs_;  // the operator's defaults until a flag is given
   int64_t before_capacity_flag_ = 0, threads_ = 0;
-  std::string backend_ = "automatic";
+  std::string numerics_ = "atlas_a2", backend_ = "automatic";
 };
 
 // ------------------------------------------------------------------------------------------
@@ -368,10 +372,7 @@ expert_tokens_count_or_cumsum.npy (int64; [END - START] for --expert-tokens-num-
     p.add_int("--row-idx-type", "0|1",
               "row_idx_type: 0 gather (indexed by flat position), 1 scatter (indexed by row)",
               &attrs_.row_idx_type);
-    p.add_choice("--numerics",
-                 "quantisation numerics: atlas_a2 (Atlas A2/A3 kernels) or ascend_950 (Ascend 950 "
-                 "kernels)",
-                 {"atlas_a2", "ascend_950"}, &numerics_);
+    add_numerics_flag(p, "selects the int8 quantisation of --quant-mode 0 and 1", &numerics_);
     p.add_choice("--backend", kBackendHelp, {"automatic", "reference", "cpu"}, &backend_);
     p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, 4096);
     p.add_string("--out-dir", "DIR",
@@ -398,7 +399,7 @@ expert_tokens_count_or_cumsum.npy (int64; [END - START] for --expert-tokens-num-
     attrs_.has_active_expert_range = parser.given("--active-expert-range");
     if (attrs_.has_active_expert_range)
       attrs_.active_expert_range = {active_expert_range_[0], active_expert_range_[1]};
-    parse_quant_flavour(numerics_.c_str(), &attrs_.flavour);  // the parser admitted only these
+    parse_numerics(numerics_.c_str(), &attrs_.numerics);  // the parser admitted only these
 
     MoeInitRoutingPlan plan;
     Status s = infer_moe_init_routing(x.view(), expert_idx.view(), scale.view(), offset.view(),

@@ -76,8 +76,7 @@ at::ScalarType torch_dtype(DType dtype) {
 
 // ---- numerics ---------------------------------------------------------------------------------
 // The one place where the binding's `numerics` (and the backward's explicit `order`) meet the
-// core's attributes. The core's attrs are moving to carry moe_routing::Numerics themselves; then
-// each set_numerics body becomes `attrs->numerics = numerics`.
+// core's attributes.
 
 Numerics parse_numerics(const char* op, c10::string_view text) {
   const std::string value(text);
@@ -89,16 +88,15 @@ Numerics parse_numerics(const char* op, c10::string_view text) {
 
 /// The forward's quantisation arithmetic.
 void set_numerics(Numerics numerics, moe_routing::MoeInitRoutingAttrs* attrs) {
-  attrs->flavour = numerics == Numerics::ascend_950 ? moe_routing::QuantFlavour::ascend_950
-                                                    : moe_routing::QuantFlavour::atlas_a2;
+  attrs->numerics = numerics;
 }
 
 /// The backward's float32 accumulation order: Atlas A2/A3 sum in the tree order, Ascend 950 in
 /// the sequential one; `order` (when given) overrides what numerics implies.
 void set_numerics(Numerics numerics, const std::optional<c10::string_view>& order,
                   moe_routing::MoeInitRoutingGradAttrs* attrs) {
-  attrs->order = numerics == Numerics::ascend_950 ? moe_routing::AccumulationOrder::sequential
-                                                  : moe_routing::AccumulationOrder::tree;
+  attrs->numerics = numerics;
+  attrs->order = moe_routing::AccumulationOrder::from_numerics;
   if (!order.has_value()) return;
   const std::string text(*order);
   TORCH_CHECK_VALUE(moe_routing::parse_accumulation_order(text.c_str(), &attrs->order),

@@ -1,15 +1,13 @@
-// moe_init_routing_v2 and moe_init_routing entry points: infer, check the outputs and the data,
-// reduce the call to a RoutingProblem and hand it to a backend.
-#include <algorithm>
+// moe_init_routing_v2 and moe_init_routing entry points: validate (meta.h), reduce the call to a
+// RoutingProblem and hand it to a backend.
 #include <cstring>
-#include <limits>
 #include <new>
 
-#include "core/thread_pool.h"
-#include "cpu/routing_kernel.h"
+#include "cpu/cpu_backend.h"
 #include "moe_routing/moe_init_routing.h"
-#include "ops/moe_init_routing/reference.h"
-#include "ops/moe_init_routing/routing_problem.h"
+#include "ops/moe_init_routing/meta.h"
+#include "params/moe_init_routing_problem.h"
+#include "reference/moe_init_routing.h"
 #if defined(MOE_ROUTING_HAVE_CUDA)
 #include "cuda/cuda_backend.h"
 #endif
@@ -22,131 +20,6 @@ using detail::RoutingProblem;
 
 constexpr const char* kOpV2 = "moe_init_routing_v2: ";
 constexpr const char* kOp = "moe_init_routing: ";
-
-/// A produced output must match its spec exactly; a not-produced one may be absent (data null).
-Status check_output(const char* op, const char* name, const TensorView& t, const OutputSpec& spec,
-                    Device device) {
-  if (!spec.produced && t.data == nullptr) return Status::ok();
-  bool same = t.ndim == spec.ndim && t.dtype == spec.dtype;
-  for (int d = 0; same && d < spec.ndim; ++d) same = t.shape[d] == spec.shape[d];
-  if (!same)
-    return invalid_argument(
-        op, name, " must be ", spec.ndim, "-D ", dtype_name(spec.dtype), ' ', shape_string(spec),
-        spec.produced ? "" : " or have null data (it is not produced here)", ", got ", describe(t));
-  if (t.device != device)
-    return invalid_argument(op, name, " must be on the device of x (", device_name(device),
-                            "), got ", device_name(t.device));
-  if (t.data == nullptr && spec.numel() > 0)
-    return invalid_argument(op, name, " data must not be null for a non-empty tensor, got null");
-  return Status::ok();
-}
-
-Status check_data(const char* op, const char* name, const TensorView& t) {
-  if (t.data == nullptr && t.ndim > 0 && t.numel() > 0)
-    return invalid_argument(op, name, " data must not be null for a non-empty tensor, got null");
-  return Status::ok();
-}
-
-Status check_backend(const char* op, const TensorView& x, const ExecConfig& config) {
-#if defined(MOE_ROUTING_HAVE_CUDA)
-  if (x.device == Device::cuda) {
-    if (config.backend != Backend::automatic)
-      return not_supported(op,
-                           "backend must be automatic for cuda tensors (reference and cpu run "
-                           "on host memory), got ",
-                           config.backend == Backend::cpu ? "cpu" : "reference");
-    return Status::ok();
-  }
-#endif
-  if (x.device != Device::cpu)
-    return not_supported(op, "device must be cpu in this build, got ", device_name(x.device));
-  if (config.isa != CpuIsa::automatic && !cpu_isa_available(config.isa))
-    return not_supported(op, "isa ", cpu_isa_name(config.isa),
-                         " is not available on this CPU or build, got a request for it");
-  return Status::ok();
-}
-
-/// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
-/// Saturates instead of overflowing: with no rows, H may be anything (x [0, H] is valid).
-int64_t routing_bytes(const RoutingProblem& problem) {
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  const int64_t index_bytes = problem.pairs() * 12;
-  const int64_t element =
-      std::max<int64_t>(1, problem.quant_mode == -1 ? int64_t(dtype_size(problem.x_dtype)) : 1);
-  const int64_t rows = problem.expanded_rows, hidden = problem.hidden;
-  if (rows == 0 || hidden == 0) return index_bytes;
-  if (hidden > (kMax - index_bytes) / element / rows) return kMax;
-  return rows * hidden * element + index_bytes;
-}
-
-/// The CPU kernels' thread count for a problem: the configured count, fewer for small work.
-int cpu_threads(const RoutingProblem& problem, int num_threads) {
-  return detail::threads_for_bytes(detail::resolve_num_threads(num_threads),
-                                   routing_bytes(problem));
-}
-
-/// The sizes and attributes of a call (no data pointers): enough to size its workspace.
-RoutingProblem problem_from_plan(const MoeInitRoutingV2Plan& plan) {
-  RoutingProblem problem;
-  problem.num_rows = plan.num_rows;
-  problem.top_k = plan.top_k;
-  problem.hidden = plan.hidden;
-  problem.x_dtype = plan.dtype;
-  // Every id is checked to be in [0, expert_id_limit), so every pair is routed.
-  problem.range_start = 0;
-  problem.range_end = plan.expert_id_limit;
-  problem.drop_pad = plan.drop_pad;
-  problem.expert_num = plan.expert_num;
-  problem.expert_capacity = plan.expert_capacity;
-  problem.row_limit = plan.expanded_rows;
-  problem.expanded_rows = plan.expanded_rows;
-  problem.count_dtype = DType::int32;
-  if (plan.expert_tokens_count_or_cumsum.produced)
-    problem.count_format = plan.count_flag == 1 ? CountFormat::cumsum : CountFormat::count;
-  else if (plan.expert_tokens_before_capacity.produced)
-    problem.count_format = CountFormat::count;
-  return problem;
-}
-
-RoutingProblem problem_from_plan(const MoeInitRoutingPlan& plan) {
-  RoutingProblem problem;
-  problem.num_rows = plan.num_rows;
-  problem.top_k = plan.top_k;
-  problem.hidden = plan.hidden;
-  problem.x_dtype = plan.x_dtype;
-  problem.range_start = plan.range_start;
-  problem.range_end = plan.range_end;
-  problem.drop_pad = plan.drop_pad;
-  problem.expert_num = plan.expert_num;
-  problem.expert_capacity = plan.expert_capacity;
-  problem.row_limit = plan.row_limit;
-  problem.expanded_rows = plan.expanded_x.shape[0] * (plan.drop_pad ? plan.expanded_x.shape[1] : 1);
-  problem.row_idx_type = plan.row_idx_type;
-  problem.quant_mode = plan.quant_mode;
-  problem.flavour = plan.flavour;
-  problem.scale_rows = plan.scale_rows;
-  problem.count_dtype = DType::int64;
-  if (plan.expert_tokens_num_flag) {
-    const CountFormat formats[] = {CountFormat::cumsum, CountFormat::count, CountFormat::key_value};
-    problem.count_format = formats[plan.expert_tokens_num_type];
-  }
-  return problem;
-}
-
-/// A caller's workspace (config.workspace) must hold what the CPU kernels need. `size_function`
-/// names the function that reports the size.
-Status check_workspace(const char* op, const char* size_function, const RoutingProblem& problem,
-                       const ExecConfig& config, Device device) {
-  if (config.workspace == nullptr || device != Device::cpu || config.backend == Backend::reference)
-    return Status::ok();
-  const uint64_t needed = cpu::workspace_bytes(problem, cpu_threads(problem, config.num_threads));
-  if (config.workspace_bytes < needed)
-    return invalid_argument(op, "workspace_bytes must be at least ", needed,
-                            " for this call with num_threads ", config.num_threads, " (",
-                            size_function, " with the same num_threads gives it), got ",
-                            config.workspace_bytes);
-  return Status::ok();
-}
 
 /// Runs the problem on the configured backend. Backends allocate everything before writing, so
 /// an allocation failure leaves every output untouched. On a CUDA device, `reject_unrouted` (the
@@ -162,9 +35,7 @@ Status run(const char* op, const RoutingProblem& problem, const ExecConfig& conf
     if (config.backend == Backend::reference)
       reference::moe_init_routing(problem);
     else
-      cpu::moe_init_routing(problem, cpu_threads(problem, config.num_threads),
-                            config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa,
-                            config.workspace);
+      cpu::moe_init_routing(problem, config.num_threads, config.isa, config.workspace);
   } catch (const std::bad_alloc&) {
     return runtime_error(op,
                          "memory for the sort must be allocatable (about 12 bytes per pair), "
@@ -190,13 +61,11 @@ Status zero_if_not_produced(const char* op, const TensorView& t, const OutputSpe
 }  // namespace
 
 uint64_t moe_init_routing_v2_workspace_size(const MoeInitRoutingV2Plan& plan, int num_threads) {
-  const RoutingProblem problem = problem_from_plan(plan);
-  return cpu::workspace_bytes(problem, cpu_threads(problem, num_threads));
+  return cpu::workspace_bytes(detail::routing_problem(plan), num_threads);
 }
 
 uint64_t moe_init_routing_workspace_size(const MoeInitRoutingPlan& plan, int num_threads) {
-  const RoutingProblem problem = problem_from_plan(plan);
-  return cpu::workspace_bytes(problem, cpu_threads(problem, num_threads));
+  return cpu::workspace_bytes(detail::routing_problem(plan), num_threads);
 }
 
 Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
@@ -207,25 +76,14 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
                            const ExecConfig& config) {
   const char* op = kOpV2;
   MoeInitRoutingV2Plan plan;
-  MOE_ROUTING_RETURN_IF_ERROR(infer_moe_init_routing_v2(x, expert_idx, attrs, &plan));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_output(op, "expanded_x", expanded_x, plan.expanded_x, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_output(op, "expanded_row_idx", expanded_row_idx, plan.expanded_row_idx, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(check_output(op, "expert_tokens_count_or_cumsum",
-                                           expert_tokens_count_or_cumsum,
-                                           plan.expert_tokens_count_or_cumsum, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(check_output(op, "expert_tokens_before_capacity",
-                                           expert_tokens_before_capacity,
-                                           plan.expert_tokens_before_capacity, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "x", x));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "expert_idx", expert_idx));
-  MOE_ROUTING_RETURN_IF_ERROR(check_backend(op, x, config));
+  MOE_ROUTING_RETURN_IF_ERROR(detail::validate_moe_init_routing_v2(
+      x, expert_idx, attrs, expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
+      expert_tokens_before_capacity, config, &plan));
   const int32_t* ids = expert_idx.data_as<const int32_t>();
   if (x.device == Device::cpu)  // CUDA: the kernels check the ids (device memory)
     MOE_ROUTING_RETURN_IF_ERROR(check_moe_init_routing_v2_expert_idx(ids, plan));
 
-  RoutingProblem problem = problem_from_plan(plan);
+  RoutingProblem problem = detail::routing_problem(plan);
   problem.x = x.data;
   problem.expert_idx = ids;
   problem.expanded_x = expanded_x.data;
@@ -234,8 +92,6 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
     problem.counts = expert_tokens_count_or_cumsum.data;
   else if (plan.expert_tokens_before_capacity.produced)
     problem.counts = expert_tokens_before_capacity.data;
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_workspace(op, "moe_init_routing_v2_workspace_size", problem, config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, true));
   MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(op, expert_tokens_count_or_cumsum,
                                                    plan.expert_tokens_count_or_cumsum, config));
@@ -253,27 +109,11 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
                         const ExecConfig& config) {
   const char* op = kOp;
   MoeInitRoutingPlan plan;
-  MOE_ROUTING_RETURN_IF_ERROR(
-      infer_moe_init_routing(x, expert_idx, scale, offset, topk_weight, attrs, &plan));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_output(op, "expanded_x", expanded_x, plan.expanded_x, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_output(op, "expanded_row_idx", expanded_row_idx, plan.expanded_row_idx, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(check_output(op, "expert_tokens_count_or_cumsum",
-                                           expert_tokens_count_or_cumsum,
-                                           plan.expert_tokens_count_or_cumsum, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_output(op, "expanded_scale", expanded_scale, plan.expanded_scale, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(check_output(op, "expanded_topk_weight", expanded_topk_weight,
-                                           plan.expanded_topk_weight, x.device));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "x", x));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "expert_idx", expert_idx));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "scale", scale));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "offset", offset));
-  MOE_ROUTING_RETURN_IF_ERROR(check_data(op, "topk_weight", topk_weight));
-  MOE_ROUTING_RETURN_IF_ERROR(check_backend(op, x, config));
+  MOE_ROUTING_RETURN_IF_ERROR(detail::validate_moe_init_routing(
+      x, expert_idx, scale, offset, topk_weight, attrs, expanded_x, expanded_row_idx,
+      expert_tokens_count_or_cumsum, expanded_scale, expanded_topk_weight, config, &plan));
 
-  RoutingProblem problem = problem_from_plan(plan);
+  RoutingProblem problem = detail::routing_problem(plan);
   problem.x = x.data;
   problem.expert_idx = expert_idx.data_as<const int32_t>();
   if (plan.has_scale) problem.scale = scale.data_as<const float>();
@@ -285,8 +125,6 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
   if (plan.expanded_topk_weight.produced)
     problem.expanded_topk_weight = expanded_topk_weight.data_as<float>();
   if (plan.expert_tokens_num_flag) problem.counts = expert_tokens_count_or_cumsum.data;
-  MOE_ROUTING_RETURN_IF_ERROR(
-      check_workspace(op, "moe_init_routing_workspace_size", problem, config, x.device));
   MOE_ROUTING_RETURN_IF_ERROR(run(op, problem, config, x.device, false));
   MOE_ROUTING_RETURN_IF_ERROR(zero_if_not_produced(op, expert_tokens_count_or_cumsum,
                                                    plan.expert_tokens_count_or_cumsum, config));

@@ -1,15 +1,20 @@
 // Shape inference and every check of moe_init_routing_v2 (spec §2.3 as amended by DECISIONS.md
 // §6, §10, §11, §14) and moe_init_routing (spec §3.5, DECISIONS.md §6, §10-§12, §14), written
-// once. The CLI, the C ABI, the torch Meta kernel and every backend call through here.
-#include <algorithm>
-#include <cstring>
-#include <limits>
-#include <sstream>
+// once: infer_* for the shapes, validate_* for a whole call. The CLI, the C ABI, the torch Meta
+// kernel and every backend call through here.
+#include "ops/moe_init_routing/meta.h"
 
-#include "moe_routing/moe_init_routing.h"
+#include <algorithm>
+#include <limits>
+
+#include "cpu/cpu_backend.h"
+#include "ops/validation.h"
 
 namespace moe_routing {
 namespace {
+
+using detail::CountFormat;
+using detail::RoutingProblem;
 
 constexpr const char* kOpV2 = "moe_init_routing_v2: ";
 constexpr const char* kOp = "moe_init_routing: ";
@@ -90,41 +95,6 @@ bool quant_mode_exists_in_cann(int64_t mode) {
 }
 
 }  // namespace
-
-int64_t OutputSpec::numel() const {
-  int64_t total = 1;
-  for (int d = 0; d < ndim; ++d) total *= shape[d];
-  return total;
-}
-
-std::string shape_string(const OutputSpec& spec) {
-  std::ostringstream out;
-  out << '[';
-  for (int d = 0; d < spec.ndim; ++d) out << (d ? ", " : "") << spec.shape[d];
-  out << ']';
-  return out.str();
-}
-
-const char* quant_flavour_name(QuantFlavour flavour) {
-  switch (flavour) {
-    case QuantFlavour::atlas_a2: return "atlas_a2";
-    case QuantFlavour::ascend_950: return "ascend_950";
-  }
-  return "unknown";
-}
-
-bool parse_quant_flavour(const char* text, QuantFlavour* flavour) {
-  if (text == nullptr) return false;
-  if (std::strcmp(text, "atlas_a2") == 0) {
-    *flavour = QuantFlavour::atlas_a2;
-    return true;
-  }
-  if (std::strcmp(text, "ascend_950") == 0) {
-    *flavour = QuantFlavour::ascend_950;
-    return true;
-  }
-  return false;
-}
 
 // ------------------------------------------------------------------------------------------
 // moe_init_routing_v2
@@ -276,9 +246,9 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   if (attrs.active_num < -1)
     return invalid_argument(op, "active_num must be -1 or 0 (keep every routed pair) or > 0, got ",
                             attrs.active_num);
-  if (attrs.flavour != QuantFlavour::atlas_a2 && attrs.flavour != QuantFlavour::ascend_950)
-    return invalid_argument(op, "flavour must be atlas_a2 or ascend_950, got ",
-                            static_cast<int>(attrs.flavour));
+  if (!is_valid_numerics(static_cast<int32_t>(attrs.numerics)))
+    return invalid_argument(op, "numerics must be atlas_a2 or ascend_950, got ",
+                            static_cast<int>(attrs.numerics));
   const bool drop_pad = attrs.drop_pad_mode == 1;
   if (drop_pad) {
     if (attrs.expert_capacity < 1)
@@ -367,7 +337,7 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   result.range_end = e_end;
   result.row_limit = attrs.active_num > 0 ? attrs.active_num : pairs;
   result.quant_mode = q;
-  result.flavour = attrs.flavour;
+  result.numerics = attrs.numerics;
   result.row_idx_type = attrs.row_idx_type;
   result.expert_tokens_num_type = type;
   result.expert_tokens_num_flag = attrs.expert_tokens_num_flag;
@@ -405,4 +375,126 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   return Status::ok();
 }
 
+// ------------------------------------------------------------------------------------------
+// Whole calls
+// ------------------------------------------------------------------------------------------
+
+namespace detail {
+
+RoutingProblem routing_problem(const MoeInitRoutingV2Plan& plan) {
+  RoutingProblem problem;
+  problem.num_rows = plan.num_rows;
+  problem.top_k = plan.top_k;
+  problem.hidden = plan.hidden;
+  problem.x_dtype = plan.dtype;
+  // Every id is checked to be in [0, expert_id_limit), so every pair is routed.
+  problem.range_start = 0;
+  problem.range_end = plan.expert_id_limit;
+  problem.drop_pad = plan.drop_pad;
+  problem.expert_num = plan.expert_num;
+  problem.expert_capacity = plan.expert_capacity;
+  problem.row_limit = plan.expanded_rows;
+  problem.expanded_rows = plan.expanded_rows;
+  problem.count_dtype = DType::int32;
+  if (plan.expert_tokens_count_or_cumsum.produced)
+    problem.count_format = plan.count_flag == 1 ? CountFormat::cumsum : CountFormat::count;
+  else if (plan.expert_tokens_before_capacity.produced)
+    problem.count_format = CountFormat::count;
+  return problem;
+}
+
+RoutingProblem routing_problem(const MoeInitRoutingPlan& plan) {
+  RoutingProblem problem;
+  problem.num_rows = plan.num_rows;
+  problem.top_k = plan.top_k;
+  problem.hidden = plan.hidden;
+  problem.x_dtype = plan.x_dtype;
+  problem.range_start = plan.range_start;
+  problem.range_end = plan.range_end;
+  problem.drop_pad = plan.drop_pad;
+  problem.expert_num = plan.expert_num;
+  problem.expert_capacity = plan.expert_capacity;
+  problem.row_limit = plan.row_limit;
+  problem.expanded_rows = plan.expanded_x.shape[0] * (plan.drop_pad ? plan.expanded_x.shape[1] : 1);
+  problem.row_idx_type = plan.row_idx_type;
+  problem.quant_mode = plan.quant_mode;
+  problem.numerics = plan.numerics;
+  problem.scale_rows = plan.scale_rows;
+  problem.count_dtype = DType::int64;
+  if (plan.expert_tokens_num_flag) {
+    const CountFormat formats[] = {CountFormat::cumsum, CountFormat::count, CountFormat::key_value};
+    problem.count_format = formats[plan.expert_tokens_num_type];
+  }
+  return problem;
+}
+
+namespace {
+
+/// A caller's workspace (config.workspace) must hold what the CPU kernels need. `size_function`
+/// names the function that reports the size.
+Status check_workspace(const char* op, const char* size_function, const RoutingProblem& problem,
+                       const ExecConfig& config, Device device) {
+  if (config.workspace == nullptr || device != Device::cpu || config.backend == Backend::reference)
+    return Status::ok();
+  const uint64_t needed = cpu::workspace_bytes(problem, config.num_threads);
+  if (config.workspace_bytes < needed)
+    return invalid_argument(op, "workspace_bytes must be at least ", needed,
+                            " for this call with num_threads ", config.num_threads, " (",
+                            size_function, " with the same num_threads gives it), got ",
+                            config.workspace_bytes);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status validate_moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
+                                    const MoeInitRoutingV2Attrs& attrs,
+                                    const TensorView& expanded_x,
+                                    const TensorView& expanded_row_idx,
+                                    const TensorView& expert_tokens_count_or_cumsum,
+                                    const TensorView& expert_tokens_before_capacity,
+                                    const ExecConfig& config, MoeInitRoutingV2Plan* plan) {
+  MOE_ROUTING_RETURN_IF_ERROR(infer_moe_init_routing_v2(x, expert_idx, attrs, plan));
+  MOE_ROUTING_RETURN_IF_ERROR(
+      validate_call(kOpV2, {{"x", x}, {"expert_idx", expert_idx}},
+                    {{"expanded_x", expanded_x, plan->expanded_x},
+                     {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
+                     {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
+                      plan->expert_tokens_count_or_cumsum},
+                     {"expert_tokens_before_capacity", expert_tokens_before_capacity,
+                      plan->expert_tokens_before_capacity}},
+                    config));
+  return check_workspace(kOpV2, "moe_init_routing_v2_workspace_size", routing_problem(*plan),
+                         config, x.device);
+}
+
+Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
+                                 const TensorView& scale, const TensorView& offset,
+                                 const TensorView& topk_weight, const MoeInitRoutingAttrs& attrs,
+                                 const TensorView& expanded_x, const TensorView& expanded_row_idx,
+                                 const TensorView& expert_tokens_count_or_cumsum,
+                                 const TensorView& expanded_scale,
+                                 const TensorView& expanded_topk_weight, const ExecConfig& config,
+                                 MoeInitRoutingPlan* plan) {
+  MOE_ROUTING_RETURN_IF_ERROR(
+      infer_moe_init_routing(x, expert_idx, scale, offset, topk_weight, attrs, plan));
+  MOE_ROUTING_RETURN_IF_ERROR(
+      validate_call(kOp,
+                    {{"x", x},
+                     {"expert_idx", expert_idx},
+                     {"scale", scale},
+                     {"offset", offset},
+                     {"topk_weight", topk_weight}},
+                    {{"expanded_x", expanded_x, plan->expanded_x},
+                     {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
+                     {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
+                      plan->expert_tokens_count_or_cumsum},
+                     {"expanded_scale", expanded_scale, plan->expanded_scale},
+                     {"expanded_topk_weight", expanded_topk_weight, plan->expanded_topk_weight}},
+                    config));
+  return check_workspace(kOp, "moe_init_routing_workspace_size", routing_problem(*plan), config,
+                         x.device);
+}
+
+}  // namespace detail
 }  // namespace moe_routing

@@ -1,10 +1,12 @@
 // Shape inference and every check of moe_init_routing_grad, written once (spec §1.3 as amended by
-// DECISIONS.md §5, §7, §10, §14). The CLI, the C ABI, the torch Meta kernel and every backend call
-// through here.
+// DECISIONS.md §5, §7, §10, §14): infer_* for the shapes, validate_* for a whole call. The CLI,
+// the C ABI, the torch Meta kernel and every backend call through here.
+#include "ops/moe_init_routing_grad/meta.h"
+
 #include <cstring>
 #include <limits>
 
-#include "moe_routing/moe_init_routing_grad.h"
+#include "ops/validation.h"
 
 namespace moe_routing {
 namespace {
@@ -22,6 +24,7 @@ Status check_dims_non_negative(const char* name, const TensorView& t) {
 
 const char* accumulation_order_name(AccumulationOrder order) {
   switch (order) {
+    case AccumulationOrder::from_numerics: return "from_numerics";
     case AccumulationOrder::tree: return "tree";
     case AccumulationOrder::sequential: return "sequential";
   }
@@ -39,6 +42,10 @@ bool parse_accumulation_order(const char* text, AccumulationOrder* order) {
     return true;
   }
   return false;
+}
+
+AccumulationOrder accumulation_order_of(Numerics numerics) {
+  return numerics == Numerics::ascend_950 ? AccumulationOrder::sequential : AccumulationOrder::tree;
 }
 
 const char* grad_scenario_name(GradScenario scenario) {
@@ -60,8 +67,12 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
   if (attrs.top_k <= 0) return invalid_argument(kOp, "top_k must be > 0, got ", attrs.top_k);
   if (attrs.active_num < 0)
     return invalid_argument(kOp, "active_num must be >= 0, got ", attrs.active_num);
-  if (attrs.order != AccumulationOrder::tree && attrs.order != AccumulationOrder::sequential)
-    return invalid_argument(kOp, "order must be tree or sequential, got ",
+  if (!is_valid_numerics(static_cast<int32_t>(attrs.numerics)))
+    return invalid_argument(kOp, "numerics must be atlas_a2 or ascend_950, got ",
+                            static_cast<int>(attrs.numerics));
+  if (attrs.order != AccumulationOrder::from_numerics && attrs.order != AccumulationOrder::tree &&
+      attrs.order != AccumulationOrder::sequential)
+    return invalid_argument(kOp, "order must be from_numerics, tree or sequential, got ",
                             static_cast<int>(attrs.order));
 
   const bool drop_pad = attrs.drop_pad_mode == 1;
@@ -96,7 +107,9 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
   result.dtype = grad_expanded_x.dtype;
   result.top_k = attrs.top_k;
   result.num_rows = pairs / attrs.top_k;
-  result.order = attrs.order;
+  result.order = attrs.order == AccumulationOrder::from_numerics
+                     ? accumulation_order_of(attrs.numerics)
+                     : attrs.order;
   result.skip_from = std::numeric_limits<int64_t>::max();
   if (drop_pad) {
     const int64_t experts = grad_expanded_x.shape[0], capacity = grad_expanded_x.shape[1];
@@ -159,4 +172,30 @@ Status check_moe_init_routing_grad_indices(const int32_t* expanded_row_idx,
   return Status::ok();
 }
 
+namespace detail {
+
+OutputSpec grad_x_spec(const MoeInitRoutingGradPlan& plan) {
+  OutputSpec spec;
+  spec.produced = true;
+  spec.dtype = plan.dtype;
+  spec.ndim = 2;
+  spec.shape[0] = plan.grad_x_shape[0];
+  spec.shape[1] = plan.grad_x_shape[1];
+  return spec;
+}
+
+Status validate_moe_init_routing_grad(const TensorView& grad_expanded_x,
+                                      const TensorView& expanded_row_idx,
+                                      const MoeInitRoutingGradAttrs& attrs,
+                                      const TensorView& grad_x, const ExecConfig& config,
+                                      MoeInitRoutingGradPlan* plan) {
+  MOE_ROUTING_RETURN_IF_ERROR(
+      infer_moe_init_routing_grad(grad_expanded_x, expanded_row_idx, attrs, plan));
+  const OutputSpec spec = grad_x_spec(*plan);
+  return validate_call(
+      kOp, {{"grad_expanded_x", grad_expanded_x}, {"expanded_row_idx", expanded_row_idx}},
+      {{"grad_x", grad_x, spec}}, config);
+}
+
+}  // namespace detail
 }  // namespace moe_routing

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "moe_routing/dtype.h"
-#include "moe_routing/moe_init_routing.h"
+#include "moe_routing/numerics.h"
 
 namespace moe_routing::quantize {
 
@@ -50,17 +50,17 @@ inline float round_to_fp16(float v) { return fp16_to_float(float_to_fp16(v)); }
 
 /// Static quantisation parameters, prepared once per call.
 struct StaticParams {
-  QuantFlavour flavour = QuantFlavour::atlas_a2;
+  Numerics numerics = Numerics::atlas_a2;
   float scale = 1.0f;   // atlas_a2: scale[0]; ascend_950: fp16(scale[0])
   float offset = 0.0f;  // atlas_a2: offset[0] (0 when absent); ascend_950: fp16(offset[0])
 };
 
-inline StaticParams static_params(QuantFlavour flavour, const float* scale, const float* offset) {
+inline StaticParams static_params(Numerics numerics, const float* scale, const float* offset) {
   StaticParams params;
-  params.flavour = flavour;
+  params.numerics = numerics;
   params.scale = scale[0];
   params.offset = offset != nullptr ? offset[0] : 0.0f;
-  if (flavour == QuantFlavour::ascend_950) {
+  if (numerics == Numerics::ascend_950) {
     params.scale = round_to_fp16(params.scale);
     params.offset = round_to_fp16(params.offset);
   }
@@ -74,7 +74,7 @@ inline StaticParams static_params(QuantFlavour flavour, const float* scale, cons
 /// evaluated in float32 and rounded to fp16 is the correctly rounded fp16 op.)
 inline int8_t static_quantize(float x, const StaticParams& params) {
   float t;
-  if (params.flavour == QuantFlavour::ascend_950) {
+  if (params.numerics == Numerics::ascend_950) {
     t = round_to_fp16(x);
     t = round_to_fp16(t * params.scale);
     t = round_to_fp16(t + params.offset);
@@ -94,8 +94,8 @@ inline float abs_max_step(float running, float v) {
 }
 
 /// quant_mode 1 scale from the row's max |f|: m / 127 (atlas_a2) or m * float32(1/127) (950).
-inline float dynamic_scale(float abs_max, QuantFlavour flavour) {
-  return flavour == QuantFlavour::ascend_950 ? abs_max * kReciprocal127 : abs_max / 127.0f;
+inline float dynamic_scale(float abs_max, Numerics numerics) {
+  return numerics == Numerics::ascend_950 ? abs_max * kReciprocal127 : abs_max / 127.0f;
 }
 
 /// quant_mode 1 element: f / sc (float32 division), ties away from zero, int8 saturation. The

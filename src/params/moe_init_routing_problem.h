@@ -1,5 +1,5 @@
 // What a forward routing backend sees: both entry points (moe_init_routing_v2 and
-// moe_init_routing) reduce to this one description, so the reference and the CPU kernels are
+// moe_init_routing) reduce to this one description, so every backend (reference, cpu, cuda) is
 // written once for both.
 #pragma once
 
@@ -35,7 +35,7 @@ struct RoutingProblem {
   int64_t expanded_rows = 0;  // dropless: rows of expanded_x; drop-pad: E*C
   int64_t row_idx_type = 0;   // 0 gather, 1 scatter (dropless only)
   int64_t quant_mode = -1;    // -1, 0, 1
-  QuantFlavour flavour = QuantFlavour::atlas_a2;
+  Numerics numerics = Numerics::atlas_a2;
 
   // Inputs (CPU pointers, already validated).
   const void* x = nullptr;              // [N, H] x_dtype

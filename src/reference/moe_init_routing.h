@@ -1,6 +1,7 @@
+// The reference backend of the forward routing: the definition of its semantics.
 #pragma once
 
-#include "ops/moe_init_routing/routing_problem.h"
+#include "params/moe_init_routing_problem.h"
 
 namespace moe_routing::reference {
 

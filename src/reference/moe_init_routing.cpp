@@ -1,15 +1,15 @@
 // The reference implementation of the forward routing: kept plain on purpose (a stable comparison
 // sort and one loop per output). The CPU kernels, golden files and benchmark --verify are compared
 // against it bit for bit.
-#include "ops/moe_init_routing/reference.h"
+#include "reference/moe_init_routing.h"
 
 #include <algorithm>
 #include <cstring>
 #include <limits>
 #include <vector>
 
-#include "cpu/float_env.h"
-#include "ops/moe_init_routing/quantize.h"
+#include "core/float_env.h"
+#include "params/quantize.h"
 
 namespace moe_routing::reference {
 namespace {
@@ -53,7 +53,7 @@ void write_row(const RoutingProblem& pr, int64_t dest, int64_t p,
     }
     float abs_max = 0.0f;
     for (int64_t j = 0; j < H; ++j) abs_max = quantize::abs_max_step(abs_max, f[j]);
-    const float sc = quantize::dynamic_scale(abs_max, pr.flavour);
+    const float sc = quantize::dynamic_scale(abs_max, pr.numerics);
     int8_t* out = static_cast<int8_t*>(pr.expanded_x) + dest * H;
     for (int64_t j = 0; j < H; ++j) out[j] = quantize::dynamic_quantize(f[j], sc);
     pr.expanded_scale[dest] = canonicalize_nan(sc);
@@ -71,7 +71,7 @@ void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
 }  // namespace
 
 void moe_init_routing(const RoutingProblem& pr) {
-  cpu::DefaultFloatEnvironment float_environment;
+  detail::DefaultFloatEnvironment float_environment;
   const int64_t P = pr.pairs();
   auto routed = [&](int64_t p) {
     const int64_t id = pr.expert_idx[p];
@@ -126,7 +126,7 @@ void moe_init_routing(const RoutingProblem& pr) {
   // Only when a row is quantised: an empty expanded_x may have any H (x [0, H] is valid).
   std::vector<float> scratch(size_t(pr.quant_mode == 1 && pr.expanded_rows > 0 ? pr.hidden : 0));
   quantize::StaticParams static_params;
-  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.flavour, pr.scale, pr.offset);
+  if (pr.quant_mode == 0) static_params = quantize::static_params(pr.numerics, pr.scale, pr.offset);
 
   // Every allocation is done; from here on the outputs are written.
   if (pr.drop_pad) {

@@ -1,13 +1,21 @@
 // The reference implementation of moe_init_routing_grad: kept plain on purpose. Every fast kernel,
 // golden file and benchmark --verify is compared against it bit for bit.
-#include "ops/moe_init_routing_grad/reference.h"
+#include "reference/moe_init_routing_grad.h"
 
 #include <vector>
 
+#include "core/float_env.h"
+
 namespace moe_routing::reference {
 
-void moe_init_routing_grad(const void* grad_expanded_x, const int32_t* expanded_row_idx,
-                           void* grad_x, const MoeInitRoutingGradPlan& plan) {
+void moe_init_routing_grad(const detail::GradProblem& problem) {
+  // The kernels' float environment: a caller's flush-to-zero (torch.set_flush_denormal) must not
+  // change the definition's bits.
+  detail::DefaultFloatEnvironment float_environment;
+  const MoeInitRoutingGradPlan& plan = problem.plan;
+  const void* grad_expanded_x = problem.grad_expanded_x;
+  const int32_t* expanded_row_idx = problem.expanded_row_idx;
+  void* grad_x = problem.grad_x;
   const int64_t N = plan.num_rows, K = plan.top_k, H = plan.hidden;
   const TreeShape tree = tree_shape(K);
   std::vector<float> addend(size_t(K), 0.0f);

@@ -1,12 +1,16 @@
-// Kernels run with the IEEE default float environment whatever the caller set (torch's
-// set_flush_denormal, for instance, sets FTZ/DAZ): round-to-nearest-even, denormals kept.
+// The float environment every kernel and reference implementation runs in: the IEEE default,
+// whatever the caller set (torch's set_flush_denormal sets FTZ/DAZ, for instance):
+// round-to-nearest-even, denormals kept. Core, so that the reference implementations and every
+// backend use the same one.
 #pragma once
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 
-namespace moe_routing::cpu {
+namespace moe_routing::detail {
 
+/// Sets the IEEE default float environment on this thread for its lifetime, then restores the
+/// caller's. Construct it on every thread that computes (each parallel piece).
 class DefaultFloatEnvironment {
  public:
   DefaultFloatEnvironment() : saved_(_mm_getcsr()) {
@@ -21,9 +25,9 @@ class DefaultFloatEnvironment {
   unsigned saved_;
 };
 
-}  // namespace moe_routing::cpu
+}  // namespace moe_routing::detail
 #else
-namespace moe_routing::cpu {
+namespace moe_routing::detail {
 struct DefaultFloatEnvironment {};
-}  // namespace moe_routing::cpu
+}  // namespace moe_routing::detail
 #endif

@@ -1,0 +1,43 @@
+// The CPU backend as the operator entry points see it: one function per operator taking the
+// operator's problem struct (src/params/). The backend owns everything about how the work runs:
+// the thread count for the size of the job, the instruction set, the tiling and the parallel
+// loops. Results are bitwise identical to the reference backend for every thread count and ISA.
+#pragma once
+
+#include <cstdint>
+
+#include "moe_routing/tensor.h"
+#include "params/moe_init_routing_grad_problem.h"
+#include "params/moe_init_routing_problem.h"
+
+namespace moe_routing::cpu {
+
+/// The forward routing (both moe_init_routing_v2 and moe_init_routing):
+///  1. keys: expert id - range start for routed pairs (parallel over positions);
+///  2. a stable counting sort of the positions (cpu/routing_sort.h), with per-expert totals;
+///  3. expanded_row_idx and the rows (memcpy per row, or quantisation), parallel over
+///     destination rows / slots, each written by exactly one thread;
+///  4. the counts, from the totals.
+/// Scratch: 2 * N*K 32-bit integers (3 * N*K when ids beyond 2^16 may need the radix passes)
+/// plus about threads * min(range, 2^16) + E + range 64-bit integers, all in one `workspace` of
+/// workspace_bytes(problem, num_threads) bytes (any alignment). With a null workspace the kernel
+/// allocates it before the first output is written (std::bad_alloc leaves the outputs
+/// untouched); scratch up to a few MiB is kept per calling thread for the next call. With a
+/// workspace, the kernel allocates nothing.
+/// `num_threads`: the most threads to use (0 = the library default); small jobs use fewer.
+/// `isa`: automatic or an ISA that cpu_isa_available() reports (the caller checked it).
+void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, CpuIsa isa,
+                      void* workspace);
+
+/// The workspace size moe_init_routing needs for `problem` with `num_threads` (as there): an
+/// upper bound from the sizes and attributes only (never the data), so it can be asked before the
+/// data exists.
+uint64_t workspace_bytes(const detail::RoutingProblem& problem, int num_threads);
+
+/// moe_init_routing_grad: units of (output row, column tile) in parallel, each output element's
+/// addends summed in the plan's order (cpu/grad_kernel_impl.h). Allocates nothing. The problem
+/// has at least one output element (the entry point returns before otherwise). Arguments as for
+/// moe_init_routing.
+void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa);
+
+}  // namespace moe_routing::cpu

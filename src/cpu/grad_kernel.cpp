@@ -1,0 +1,34 @@
+// The CPU backend of moe_init_routing_grad: the thread count, the tiling into units of work, the
+// instruction set, the parallel loop. The kernels themselves are grad_kernel_<isa>.cpp.
+#include "cpu/grad_kernel.h"
+#include "core/memory_hints.h"
+#include "core/thread_pool.h"
+#include "cpu/cpu_backend.h"
+
+namespace moe_routing::cpu {
+
+void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa) {
+  const MoeInitRoutingGradPlan& plan = problem.plan;
+  GradKernelArgs args;
+  args.grad_expanded_x = problem.grad_expanded_x;
+  args.expanded_row_idx = problem.expanded_row_idx;
+  args.grad_x = problem.grad_x;
+  args.plan = plan;
+  args.register_bins = grad_register_bins(plan);
+  args.bins = plan.order == AccumulationOrder::tree ? tree_shape(plan.top_k).bins : 1;
+  const int64_t element = int64_t(dtype_size(plan.dtype));
+  args.stream_output = plan.num_rows * plan.hidden * element >= detail::streaming_store_threshold();
+  const int64_t bytes = plan.num_rows * plan.top_k * (plan.hidden * element + 4);
+  const int threads = detail::threads_for_bytes(detail::resolve_num_threads(num_threads), bytes);
+  args.tile_width = grad_unit_width(plan, threads);
+  args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
+  if (isa == CpuIsa::automatic) isa = best_cpu_isa();
+  auto kernel = &baseline::grad_kernel;
+#if defined(MOE_ROUTING_HAVE_AVX2)
+  if (isa == CpuIsa::avx2) kernel = &avx2::grad_kernel;
+#endif
+  detail::parallel_for(plan.num_rows * args.tiles_per_row, threads,
+                       [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
+}
+
+}  // namespace moe_routing::cpu

@@ -1,0 +1,43 @@
+// The checks every operator makes on a call before it reads any data, written once. Each
+// operator's one validation function (ops/<operator>/meta.h: validate_<operator>) runs its shape
+// inference and then validate_call on its inputs and outputs; the C++ entry point and phase one of
+// the C ABI both call that function, so both accept and reject exactly the same calls with the
+// same words.
+#pragma once
+
+#include <initializer_list>
+
+#include "moe_routing/status.h"
+#include "moe_routing/tensor.h"
+
+namespace moe_routing::detail {
+
+/// An input tensor of a call. An absent optional input is the default view (data null, ndim 0).
+struct CallInput {
+  const char* name;
+  const TensorView& view;
+};
+
+/// An output tensor of a call and what shape inference planned for it.
+struct CallOutput {
+  const char* name;
+  const TensorView& view;
+  const OutputSpec& spec;
+};
+
+/// Every check of a call that needs no data, after shape inference, in this order (so that every
+/// front end reports the same first mistake):
+///  1. each output: a produced one has exactly its planned shape and dtype, the device of the
+///     first input (the anchor) and a buffer unless empty; one not produced may have null data
+///     (then it is ignored), else it is checked alike (it will be zero-filled);
+///  2. each present input: a buffer unless empty;
+///  3. where the call runs: the anchor's device must be one this build supports
+///     (device_supported), cuda tensors only with Backend::automatic, and a requested CPU ISA must
+///     be available.
+/// The first input is the anchor; every input's device was already checked against it by shape
+/// inference. A check that every operator needs (about buffers, their overlap or alignment)
+/// belongs here, once.
+Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
+                     std::initializer_list<CallOutput> outputs, const ExecConfig& config);
+
+}  // namespace moe_routing::detail
