@@ -3,9 +3,9 @@
 // an unnamed namespace, and this is how the test calls those very functions rather than a copy of
 // their text. The file's one external function is renamed so that it cannot collide with the
 // library's.
-#define grad_kernel_avx2 grad_kernel_avx2_compiled_for_the_narrowing_test
+#define grad_kernel grad_kernel_compiled_for_the_narrowing_test
 #include "cpu/grad_kernel_avx2.cpp"
-#undef grad_kernel_avx2
+#undef grad_kernel
 
 #include "narrowing_sweep.h"
 
@@ -13,7 +13,7 @@ namespace moe_routing::testing {
 
 void avx2_kernel_narrowing(const float* in, int64_t n, uint16_t* float16, uint16_t* bfloat16,
                            uint32_t* float32) {
-  using Ops = cpu::Avx2Ops;
+  using Ops = cpu::avx2::Avx2Ops;
   for (int64_t i = 0; i < n; i += 8) {
     const __m256 v = _mm256_loadu_ps(in + i);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(float16 + i), Ops::narrow_fp16(v));
