@@ -1,4 +1,4 @@
-// Helpers for the tests that run the moe-routing binary as a subprocess (tests/cpp/test_cli.cpp,
+// Helpers for the tests that run the moe-routing binary as a subprocess (tests/cpp/test_cli_*.cpp,
 // tests/adversarial/cpp/): a temporary directory per test, running the tool (optionally in the
 // background, with a memory limit or a time limit) and capturing its output, writing inputs and
 // reading outputs as .npy files, and comparing arrays byte for byte. The binary's path comes in

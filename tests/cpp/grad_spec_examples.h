@@ -1,5 +1,5 @@
 // The spec's worked examples of the backward (cann_moe_routing_spec.md §1.10, G1-G5): one table
-// for the C++ API tests (test_grad_examples.cpp) and the CLI tests (test_cli.cpp).
+// for the C++ API tests (test_grad_examples.cpp) and the CLI tests (test_cli_golden_grad.cpp).
 #pragma once
 
 #include <cmath>

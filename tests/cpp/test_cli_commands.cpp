@@ -1,0 +1,305 @@
+// The moe-routing binary run as a subprocess: help, version, info, a small demo and a small bench.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "cli_test_util.h"
+#include "npy.h"
+
+namespace moe_routing {
+namespace {
+
+using namespace testing;  // moe_routing::testing: the helpers of cli_test_util.h
+
+// --- help, version, info -----------------------------------------------------------------------
+
+TEST(CliHelp, EveryCommandDocumentsEveryFlag) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> command;
+    std::vector<std::string> mentions;
+  };
+  const std::vector<Case> cases = {
+      {{"golden", "grad"},
+       {"--grad-expanded-x FILE", "--expanded-row-idx FILE", "--top-k K", "--drop-pad-mode 0|1",
+        "--active-num A", "--numerics atlas_a2|ascend_950", "(default: atlas_a2)",
+        "--order tree|sequential", "--backend automatic|reference|cpu", "--threads T", "--out FILE",
+        "--help", "Examples:", "moe-routing golden grad --grad-expanded-x"}},
+      {{"golden", "init-routing-v2"},
+       {"--x FILE",
+        "--expert-idx FILE",
+        "--active-num A",
+        "(default: 0)",
+        "--expert-capacity C",
+        "--expert-num E",
+        "--drop-pad-mode 0|1",
+        "--expert-tokens-count-or-cumsum-flag 0|1|2",
+        "--expert-tokens-before-capacity-flag 0|1",
+        "--numerics atlas_a2|ascend_950",
+        "--backend automatic|reference|cpu",
+        "--threads T",
+        "--out-dir DIR",
+        "--help",
+        "expanded_x.npy",
+        "expanded_row_idx.npy",
+        "expert_tokens_count_or_cumsum.npy",
+        "expert_tokens_before_capacity.npy",
+        "Examples:",
+        "moe-routing golden init-routing-v2 --x"}},
+      {{"golden", "init-routing"},
+       {"--x FILE",
+        "--expert-idx FILE",
+        "--scale FILE",
+        "--offset FILE",
+        "--topk-weight FILE",
+        "--active-num A",
+        "(default: -1)",
+        "--expert-capacity C",
+        "--expert-num E",
+        "--drop-pad-mode 0|1",
+        "--expert-tokens-num-type 0|1|2",
+        "--expert-tokens-num-flag 0|1",
+        "--quant-mode -1|0|1",
+        "--active-expert-range START,END",
+        "(default: 0,expert_num)",
+        "--row-idx-type 0|1",
+        "--numerics atlas_a2|ascend_950",
+        "(default: atlas_a2)",
+        "--backend automatic|reference|cpu",
+        "--threads T",
+        "--out-dir DIR",
+        "--help",
+        "expanded_x.npy",
+        "expanded_row_idx.npy",
+        "expert_tokens_count_or_cumsum.npy",
+        "expanded_scale.npy",
+        "expanded_topk_weight.npy",
+        "Examples:",
+        "moe-routing golden init-routing --x"}},
+      {{"demo"},
+       {"--tokens N", "(default: 4096)", "--hidden H", "--experts E", "(default: 64)", "--top-k K",
+        "(default: 8)", "--dtype bf16|fp16|fp32", "(default: bf16)", "--order tree|sequential",
+        "--threads T", "--seed S", "--runs R", "--help", "Examples:", "moe-routing demo"}},
+      {{"info"}, {"--help", "MOE_ROUTING_NUM_THREADS", "Examples:", "moe-routing info"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.command;
+    args.push_back("--help");
+    const CliResult help = run_cli(dir, args);
+    EXPECT_EQ(help.exit_code, 0) << describe(args, help);
+    EXPECT_TRUE(help.err.empty()) << describe(args, help);
+    for (const std::string& text : c.mentions)
+      EXPECT_NE(help.out.find(text), std::string::npos) << "'" << text << "' missing from\n"
+                                                        << help.out;
+    std::vector<std::string> help_form = {"help"};
+    help_form.insert(help_form.end(), c.command.begin(), c.command.end());
+    const CliResult same = run_cli(dir, help_form);
+    EXPECT_EQ(same.exit_code, 0) << describe(help_form, same);
+    EXPECT_EQ(same.out, help.out);
+    args.back() = "-h";
+    EXPECT_EQ(run_cli(dir, args).out, help.out);
+  }
+}
+
+TEST(CliHelp, TopLevelHelpVersionAndUnknownCommands) {
+  TempDir dir;
+  for (const char* flag : {"--help", "-h", "help"}) {
+    const CliResult r = run_cli(dir, {flag});
+    EXPECT_EQ(r.exit_code, 0) << flag;
+    for (const char* text :
+         {"Usage: moe-routing <command>", "golden init-routing-v2", "golden init-routing ",
+          "golden grad", "demo", "info", "--version", "Exit status", "Examples:"})
+      EXPECT_NE(r.out.find(text), std::string::npos) << text << " missing from\n" << r.out;
+  }
+  const CliResult version = run_cli(dir, {"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_EQ(version.out, std::string("moe-routing ") + MOE_ROUTING_VERSION_TEXT + "\n");
+
+  const CliResult none = run_cli(dir, {});
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_NE(none.err.find("Usage: moe-routing <command>"), std::string::npos) << none.err;
+
+  const CliResult unknown = run_cli(dir, {"frobnicate"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("moe-routing: command must be one of golden init-routing-v2, golden "
+                             "init-routing, golden grad, demo, bench, info, help, --help, "
+                             "--version, got 'frobnicate'"),
+            std::string::npos)
+      << unknown.err;
+
+  const CliResult group = run_cli(dir, {"golden"});
+  EXPECT_EQ(group.exit_code, 2);
+  EXPECT_NE(group.err.find("moe-routing: golden: subcommand must be one of golden "
+                           "init-routing-v2, golden init-routing, golden grad, got none"),
+            std::string::npos)
+      << group.err;
+  const CliResult group_help = run_cli(dir, {"help", "golden"});
+  EXPECT_EQ(group_help.exit_code, 0);
+  for (const char* name : {"golden init-routing-v2", "golden init-routing,", "golden grad"})
+    EXPECT_NE(group_help.out.find(name), std::string::npos) << group_help.out;
+  const CliResult wrong_sub = run_cli(dir, {"golden", "forward"});
+  EXPECT_EQ(wrong_sub.exit_code, 2);
+  EXPECT_NE(wrong_sub.err.find("got 'forward'"), std::string::npos) << wrong_sub.err;
+}
+
+TEST(CliInfo, ReportsVersionIsaAndThreads) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"info"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find(std::string("moe-routing ") + MOE_ROUTING_VERSION_TEXT), std::string::npos);
+  EXPECT_NE(r.out.find(std::string("cpu isa:         ") + cpu_isa_name(best_cpu_isa())),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("available isas:  baseline"), std::string::npos) << r.out;
+  const CliResult three = run_cli(dir, {"info"}, CliOptions{{"MOE_ROUTING_NUM_THREADS=3"}});
+  EXPECT_NE(three.out.find("default threads: 3 (MOE_ROUTING_NUM_THREADS=3)"), std::string::npos)
+      << three.out;
+  EXPECT_EQ(run_cli(dir, {"info", "--bogus"}).exit_code, 2);
+}
+
+// --- demo --------------------------------------------------------------------------------------
+
+TEST(CliDemo, SmallBatchesVerifyBothOperatorsInEveryScenario) {
+  TempDir dir;
+  const std::vector<std::vector<std::string>> runs = {
+      {"demo", "--tokens", "67", "--hidden", "45", "--experts", "6", "--top-k", "4", "--runs", "2"},
+      {"demo", "--tokens", "33", "--hidden", "130", "--experts", "5", "--top-k", "5", "--dtype",
+       "fp16", "--order", "sequential", "--threads", "3", "--runs", "1", "--seed", "9"},
+      {"demo", "--tokens", "40", "--hidden", "7", "--experts", "16", "--top-k", "1", "--dtype",
+       "fp32", "--runs", "1"},
+  };
+  for (const auto& args : runs) {
+    const CliResult r = run_cli(dir, args);
+    ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+    for (const char* scenario : {"dropless", "active", "drop_pad"})
+      for (const char* op : {"moe_init_routing_v2", "moe_init_routing_grad"}) {
+        const std::string progress =
+            std::string("[demo] ") + scenario + ": " + op + ": bitwise identical";
+        EXPECT_NE(r.err.find(progress), std::string::npos) << progress << " missing from\n"
+                                                           << r.err;
+      }
+    // One row per (operator, scenario), each verified; the order column only for the backward.
+    const bool sequential = std::find(args.begin(), args.end(), "sequential") != args.end();
+    std::vector<std::string> rows;
+    std::istringstream lines(r.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      std::istringstream words(line);
+      std::string op, scenario, dtype, order;
+      words >> op >> scenario >> dtype >> order;
+      if (op != "moe_init_routing_v2" && op != "moe_init_routing_grad") continue;
+      if (scenario != "dropless" && scenario != "active" && scenario != "drop_pad") continue;
+      rows.push_back(op + " " + scenario);
+      const std::string grad_order = sequential ? "sequential" : "tree";
+      EXPECT_EQ(order, op == "moe_init_routing_v2" ? "-" : grad_order) << line;
+      EXPECT_NE(line.find(" yes"), std::string::npos) << line;
+    }
+    EXPECT_EQ(rows, (std::vector<std::string>{
+                        "moe_init_routing_v2 dropless", "moe_init_routing_grad dropless",
+                        "moe_init_routing_v2 active", "moe_init_routing_grad active",
+                        "moe_init_routing_v2 drop_pad", "moe_init_routing_grad drop_pad"}))
+        << r.out;
+  }
+}
+
+TEST(CliDemo, RejectsImpossibleSizes) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"demo", "--experts", "4", "--top-k", "5"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "moe-routing: demo: --top-k must be at most --experts (4), got 5\n");
+  const CliResult big = run_cli(dir, {"demo", "--tokens", "1000000000", "--top-k", "8"});
+  EXPECT_EQ(big.exit_code, 2);
+  EXPECT_NE(
+      big.err.find("--tokens * --top-k must be at most 2147483647 (int32 indices), got 8000000000"),
+      std::string::npos)
+      << big.err;
+  const CliResult zero = run_cli(dir, {"demo", "--tokens", "0"});
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_NE(zero.err.find("--tokens must be in [1, 2147483647], got 0"), std::string::npos)
+      << zero.err;
+}
+
+TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
+  TempDir dir;
+  const std::string csv = dir.file("bench.csv");
+  const CliResult r = run_cli(dir, {"bench", "--shape", "mixtral", "--tokens", "3,17", "--runs",
+                                    "1", "--threads", "2", "--dtype", "fp16", "--csv", csv});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("copy GB/s"), std::string::npos) << r.out;
+  // 2 token counts x (3 backward + 2 forward scenarios), each a row naming its scenario.
+  for (const char* scenario : {"dropless", "active", "drop_pad"})
+    EXPECT_NE(r.out.find(scenario), std::string::npos) << r.out;
+  std::ifstream in(csv);
+  std::string line;
+  int lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_EQ(lines, 1 + 2 * 5);
+  EXPECT_NE(r.err.find("[bench 10/10]"), std::string::npos) << r.err;
+  // Every row carries the copy bandwidth measured next to it (a positive number in the CSV).
+  std::ifstream again(csv);
+  std::getline(again, line);
+  EXPECT_NE(line.find("copy_gbps"), std::string::npos) << line;
+  EXPECT_NE(line.find(",ceiling_fraction_of_copy"), std::string::npos) << line;
+  while (std::getline(again, line)) {
+    std::stringstream fields(line);
+    std::string field;
+    for (int f = 0; f <= 12; ++f) std::getline(fields, field, ',');  // the 13th: copy_gbps
+    EXPECT_GT(std::stod(field), 0.0) << line;
+    // The last: the highest fraction of copy the measured bandwidths allow, in (0, 1].
+    const double ceiling = std::stod(line.substr(line.rfind(',') + 1));
+    EXPECT_GT(ceiling, 0.0) << line;
+    EXPECT_LE(ceiling, 1.0) << line;
+  }
+}
+
+TEST(CliBench, MachineModeReportsBandwidthsAndTheCeilingsTheySet) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"bench", "--machine", "--runs", "1", "--threads", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* line :
+       {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  EXPECT_NE(r.out.find("2 threads"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("[bench --machine 1/1]"), std::string::npos) << r.err;
+  // One ceiling per operator and top_k, each a percentage in (0, 100].
+  for (const char* key : {"top_k 2: forward", "top_k 8: forward"}) {
+    const size_t at = r.out.find(key);
+    ASSERT_NE(at, std::string::npos) << key << "\n" << r.out;
+    std::stringstream line(r.out.substr(at, r.out.find('\n', at) - at));
+    std::string word;
+    int percentages = 0;
+    while (line >> word)
+      if (word.find('%') != std::string::npos) {  // "69.5%," or "84.2%"
+        const double value = std::stod(word.substr(0, word.find('%')));
+        EXPECT_GT(value, 0.0) << word;
+        EXPECT_LE(value, 100.0) << word;
+        ++percentages;
+      }
+    EXPECT_EQ(percentages, 2) << key << "\n" << r.out;
+  }
+}
+
+TEST(CliBench, MachineModeRefusesTheSweepsFlags) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"bench", "--machine", "--csv", dir.file("m.csv")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--csv cannot be combined with --machine"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("copy (memcpy"), std::string::npos) << r.out;  // measured nothing
+}
+
+TEST(CliBench, RejectsABadTokenList) {
+  TempDir dir;
+  const CliResult r = run_cli(dir, {"bench", "--tokens", "4,x"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--tokens"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace moe_routing
