@@ -22,7 +22,9 @@ CLEAN = {
     "src/reference/ref.cpp": '#include "params/problem.h"\n',
     "src/ops/op/dispatch.cpp": '#include "cpu/kernel.h"\n#include "reference/ref.cpp"\n',
     "src/c_api/c_api.cpp": '#include "ops/op/dispatch.cpp"\n',
-    "tools/cli/cli.cpp": '#include "commands.h"\n#include "cpu/kernel.h"\n',
+    "tools/cli/cli.cpp": '#include "commands.h"\n#include "cpu/kernel.h"\n#include "cases/cases.h"\n',
+    "tools/cases/cases.h": '#pragma once\n#include "moe_routing/api.h"\n#include "random.h"\n',
+    "tools/cases/random.h": "#pragma once\n#include <cstdint>\n",
     "tools/cli/commands.h": '#pragma once\n#include <moe_routing/api.h>\n',
     "python/moe_routing/csrc/ops.cpp": '#include "moe_routing/api.h"\n',
 }
@@ -87,6 +89,24 @@ class CheckLayersTest(unittest.TestCase):
         files["python/moe_routing/csrc/ops.cpp"] = '#include "c_api/c_api.cpp"\n'
         self.assert_fails(files, "python/moe_routing/csrc/ops.cpp:1:",
                           "layer 'front end torch binding' may not include layer 'front end c_api'")
+
+    def test_the_test_cases_include_public_headers_only(self):
+        files = dict(CLEAN)
+        files["tools/cases/cases.h"] = '#pragma once\n#include "ops/op/dispatch.cpp"\n'
+        self.assert_fails(files, "tools/cases/cases.h:2:",
+                          "layer 'test cases' may include only layers of rank 0 or lower, got "
+                          "layer 'ops' (rank 4)")
+
+    def test_the_test_cases_include_no_front_end(self):
+        files = dict(CLEAN)
+        files["tools/cases/cases.h"] = '#pragma once\n#include "cli/commands.h"\n'
+        self.assert_fails(files, "tools/cases/cases.h:2:", "layer 'test cases' may include only")
+
+    def test_the_library_does_not_include_the_test_cases(self):
+        files = dict(CLEAN)
+        files["src/ops/op/dispatch.cpp"] = '#include "cases/cases.h"\n'
+        self.assert_fails(files, "src/ops/op/dispatch.cpp:1:",
+                          "layer 'ops' (rank 4) may not include layer 'test cases' (rank 5)")
 
     def test_a_quoted_include_must_name_a_project_file(self):
         files = dict(CLEAN)

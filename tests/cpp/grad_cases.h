@@ -1,73 +1,15 @@
-// Random moe_init_routing_grad inputs for every scenario, shared by the random and golden tests.
+// The backward's random cases (tools/cases/grad_cases.h) for the GoogleTest suites.
 #pragma once
 
-#include <algorithm>
-#include <numeric>
-
+#include "cases/grad_cases.h"
 #include "test_util.h"
 
 namespace moe_routing::testing {
 
-struct GradCase {
-  GradScenario scenario;
-  DType dtype;
-  int64_t num_rows, top_k, hidden;
-  MoeInitRoutingGradAttrs attrs;
-  std::vector<int64_t> grad_shape;
-  FloatBuffer grad;
-  std::vector<int32_t> expanded_row_idx;
-
-  TensorView grad_view() {
-    return TensorView(grad.data(), dtype, int(grad_shape.size()), grad_shape.data());
-  }
-  TensorView idx_view() {
-    return TensorView(expanded_row_idx.data(), DType::int32, {int64_t(expanded_row_idx.size())});
-  }
-};
-
-/// Floats spread over many binades so float32 rounding differs between orders.
-inline float random_value(Random& rng) { return rng.uniform(int(rng.integer(-12, 12))); }
-
-/// A valid random case. drop_fraction marks some pairs -1 (skipped in every scenario).
-inline GradCase make_grad_case(Random& rng, GradScenario scenario, DType dtype, int64_t num_rows,
-                               int64_t top_k, int64_t hidden, double drop_fraction = 0.1) {
-  GradCase c{scenario, dtype, num_rows, top_k, hidden, {}, {}, {}, {}};
-  const int64_t pairs = num_rows * top_k;
-  std::vector<int32_t> perm(static_cast<size_t>(pairs));
-  std::iota(perm.begin(), perm.end(), 0);
-  for (int64_t i = pairs - 1; i > 0; --i) std::swap(perm[i], perm[rng.integer(0, i)]);
-  int64_t rows = pairs;
-  c.attrs.top_k = top_k;
-  if (scenario == GradScenario::dropless) {
-    c.grad_shape = {rows, hidden};
-  } else if (scenario == GradScenario::active) {
-    rows = rng.integer(1, std::max<int64_t>(1, pairs));
-    c.attrs.active_num = rows;
-    c.grad_shape = {rows, hidden};
-  } else {
-    const int64_t experts = rng.integer(1, 9);
-    const int64_t capacity = rng.integer(1, std::max<int64_t>(1, pairs / experts + 1));
-    rows = experts * capacity;
-    c.attrs.drop_pad_mode = 1;
-    c.grad_shape = {experts, capacity, hidden};
-    // Each slot used at most once; pairs beyond the slots are dropped (-1).
-    for (int64_t p = 0; p < pairs; ++p) perm[p] = perm[p] < rows ? perm[p] : -1;
-  }
-  for (int64_t p = 0; p < pairs; ++p)
-    if (rng.integer(0, 999) < int64_t(drop_fraction * 1000)) perm[p] = -1;
-  c.expanded_row_idx = perm;
-  std::vector<float> values(size_t(rows * hidden));
-  for (float& v : values) v = random_value(rng);
-  c.grad = FloatBuffer::from_floats(dtype, values);
-  return c;
-}
-
 /// Runs a case on one runner, with a poisoned output; the status must be ok.
 inline FloatBuffer run_grad_case(GradCase& c, const Runner& runner) {
-  FloatBuffer out(c.dtype, c.num_rows * c.hidden);
-  out.poison();
-  TensorView o(out.data(), c.dtype, {c.num_rows, c.hidden});
-  Status s = moe_init_routing_grad(c.grad_view(), c.idx_view(), c.attrs, o, runner.config());
+  FloatBuffer out;
+  const Status s = run_grad(c, runner, &out);
   EXPECT_TRUE(s.is_ok()) << s.message();
   return out;
 }

@@ -118,12 +118,6 @@ V2Result run_c_v2(V2Case& c) {
   return r;
 }
 
-std::vector<int32_t> random_ids(Random& rng, int64_t count, int64_t lo, int64_t hi) {
-  std::vector<int32_t> ids(static_cast<size_t>(count));
-  for (int32_t& id : ids) id = int32_t(rng.integer(lo, hi));
-  return ids;
-}
-
 /// A floating tensor of the given shape with values spread over binades 2^-6 .. 2^6.
 Tensor random_floats(Random& rng, DType dtype, std::vector<int64_t> shape) {
   int64_t count = 1;

@@ -1,15 +1,15 @@
-// The demo's synthetic routing (tools/cli/synthetic.h): the scenarios, the library forward's
-// expanded_row_idx on the spec's worked examples (§2.6), properties of the random routing, and
-// that every derived backward problem is valid for the library.
+// The demo's and the benchmarks' synthetic routing (tools/cases/synthetic.h): the scenarios, the
+// library forward's expanded_row_idx on the spec's worked examples (§2.6), properties of the
+// random routing, and that every derived backward problem is valid for the library.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
 
+#include "cases/synthetic.h"
 #include "moe_routing/moe_routing.hpp"
-#include "synthetic.h"
 
-namespace moe_routing::cli {
+namespace moe_routing::cases {
 namespace {
 
 using Indices = std::vector<int32_t>;
@@ -202,4 +202,4 @@ TEST(CliSynthetic, ProblemsHaveCannsShapesAndAreValid) {
 }
 
 }  // namespace
-}  // namespace moe_routing::cli
+}  // namespace moe_routing::cases

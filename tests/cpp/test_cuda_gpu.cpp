@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 
+#include "cases/model_shapes.h"
 #include "cuda/device_memory.h"
 #include "grad_cases.h"
 #include "routing_cases.h"
@@ -22,6 +23,8 @@ using testing::ForwardCase;
 using testing::ForwardResult;
 using testing::GradCase;
 using testing::Random;
+using testing::random_values;
+using testing::Scenario;
 using testing::Tensor;
 using testing::V2Case;
 using testing::V2Result;
@@ -113,23 +116,15 @@ FloatBuffer run_grad_cuda(GradCase& c, Status* status, size_t offset_bytes = 0,
   return result;
 }
 
-struct GradShape {
-  int64_t num_rows, top_k, hidden;
-};
-
 TEST(CudaGrad, RandomCasesMatchTheCpuBitwise) {
   SKIP_WITHOUT_GPU();
   Random rng(2026);
-  const GradShape shapes[] = {{1, 1, 1},    {7, 2, 8},     {33, 3, 24},   {5, 4, 64},
-                              {13, 5, 100}, {9, 8, 7168},  {17, 8, 4096}, {8, 9, 40},
-                              {6, 16, 16},  {6, 17, 72},   {4, 33, 8},    {3, 128, 16},
-                              {2, 130, 24}, {97, 2, 4096}, {64, 8, 257}};
   int compared = 0;
   for (DType dtype : kFloatDtypes)
     for (GradScenario scenario :
          {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
       for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential})
-        for (const GradShape& s : shapes)
+        for (const testing::GradShape& s : testing::kGradShapes)
           for (size_t offset :
                {size_t(0), dtype_size(dtype)}) {  // aligned, then unaligned pointers
             GradCase c =
@@ -328,7 +323,7 @@ TEST(CudaGrad, HostPointersAndHostBackendsAreRejected) {
 TEST(CudaGrad, EmptyInputsAreValid) {
   SKIP_WITHOUT_GPU();
   Random rng(4);
-  for (GradShape shape : {GradShape{0, 2, 8}, GradShape{3, 2, 0}}) {
+  for (const testing::GradShape& shape : testing::kEmptyGradShapes) {
     GradCase c = testing::make_grad_case(rng, GradScenario::dropless, DType::float16,
                                          shape.num_rows, shape.top_k, shape.hidden);
     Status s;
@@ -387,74 +382,25 @@ V2Result run_v2_cuda(V2Case& c) {
   return r;
 }
 
-std::vector<float> random_values(Random& rng, int64_t n) {
-  std::vector<float> v(size_t(std::max<int64_t>(n, 0)));
-  for (float& f : v) f = rng.uniform(int(rng.integer(-8, 8)));
-  return v;
-}
-
-enum class Scenario { dropless, partial_range, active, drop_pad };
-
-ForwardCase random_forward_case(Random& rng, DType dtype, Scenario scenario, int64_t quant,
-                                int64_t row_idx_type, bool large) {
-  ForwardCase c;
-  const int64_t hidden_choices[] = {1, 5, 8, 16, 19, 64, 96, 1031, 4096};
-  const int64_t N = large ? rng.integer(500, 3000) : rng.integer(1, 40);
-  const int64_t K = rng.integer(1, 8);
-  const int64_t H = large ? rng.integer(1, 40) : hidden_choices[rng.integer(0, 8)];
-  const int64_t E = large ? rng.integer(1, 300) : rng.integer(1, 40);
-  c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H));
-  std::vector<int32_t> ids(size_t(N * K));
-  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));  // -1 and E are never routed
-  MoeInitRoutingAttrs& a = c.attrs;
-  a.expert_num = E;
-  a.quant_mode = quant;
-  a.row_idx_type = row_idx_type;
-  a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
-  a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
-  a.expert_tokens_num_type = rng.integer(0, 2);
-  int64_t range = E;
-  if (scenario == Scenario::partial_range) {
-    const int64_t s = rng.integer(0, E - 1), e = rng.integer(s + 1, E);
-    a.has_active_expert_range = true;
-    a.active_expert_range = {s, e};
-    range = e - s;
-  }
-  if (scenario == Scenario::active) a.active_num = rng.integer(1, N * K + 2);
-  if (scenario == Scenario::drop_pad) {
-    a.drop_pad_mode = 1;
-    a.expert_capacity = rng.integer(1, N);
-    for (int32_t& id : ids) id = id < 0 ? 0 : (id >= E ? int32_t(E - 1) : id);
-  }
-  c.expert_idx = Tensor::int32s({N, K}, ids);
-  if (rng.integer(0, 1))
-    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K));
-  if (quant == -1 && rng.integer(0, 1))
-    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N));
-  if (quant == 0) {
-    c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
-    if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(4)});
-  }
-  if (quant == 1 && rng.integer(0, 2) != 0) {
-    const int64_t rows = rng.integer(0, 1) ? range : 1;
-    c.scale = Tensor::floats(DType::float32, {rows, H}, random_values(rng, rows * H));
-  }
-  return c;
-}
-
 TEST(CudaRouting, TorchApiMatchesTheCpuForEveryConfiguration) {
   SKIP_WITHOUT_GPU();
   Random rng(9001);
   int checked = 0;
   for (bool large : {false, true})
     for (DType dtype : kFloatDtypes)
-      for (Scenario scenario :
-           {Scenario::dropless, Scenario::partial_range, Scenario::active, Scenario::drop_pad})
+      for (Scenario scenario : testing::kScenarios)
         for (int64_t quant : {-1, 0, 1})
           for (int64_t row_idx_type : {0, 1})
             for (int repeat = 0; repeat < (large ? 1 : 3); ++repeat) {
               if (scenario == Scenario::drop_pad && (quant != -1 || row_idx_type != 0)) continue;
-              ForwardCase c = random_forward_case(rng, dtype, scenario, quant, row_idx_type, large);
+              testing::ForwardCaseSpec spec;
+              spec.dtype = dtype;
+              spec.scenario = scenario;
+              spec.quant_mode = quant;
+              spec.row_idx_type = row_idx_type;
+              spec.sizes = testing::gpu_forward_sizes(large);
+              spec.drop_pad_ids_in_range = true;
+              ForwardCase c = testing::make_forward_case(rng, spec);
               SCOPED_TRACE(::testing::Message()
                            << dtype_name(dtype) << " scenario " << int(scenario) << " quant "
                            << quant << " row_idx_type " << row_idx_type << " numerics "
@@ -479,9 +425,13 @@ TEST(CudaRouting, Int8InputCopiesAndModelShapesMatchTheCpu) {
     int64_t N, K, H, E;
     DType dtype;
   };
+  auto model = [](const char* name, int64_t tokens, DType dtype) {
+    const testing::ModelShape& m = testing::model_shape(name);
+    return Shape{tokens, m.top_k, m.hidden, m.experts, dtype};
+  };
   for (const Shape s :
-       {Shape{300, 8, 77, 16, DType::int8}, Shape{512, 8, 7168, 256, DType::bfloat16},
-        Shape{700, 8, 4096, 128, DType::float16}, Shape{1000, 2, 4096, 8, DType::float32}})
+       {Shape{300, 8, 77, 16, DType::int8}, model("deepseek-v3", 512, DType::bfloat16),
+        model("qwen3-235b", 700, DType::float16), model("mixtral", 1000, DType::float32)})
     for (int64_t row_idx_type : {0, 1}) {
       ForwardCase c;
       c.x = Tensor(s.dtype, {s.N, s.H});
@@ -548,24 +498,14 @@ TEST(CudaRouting, V2MatchesTheCpuForEveryConfiguration) {
   for (DType dtype : kFloatDtypes)
     for (int mode : {0, 1, 2})
       for (int repeat = 0; repeat < 6; ++repeat) {
-        V2Case c;
-        const int64_t N = rng.integer(1, repeat < 3 ? 40 : 3000), K = rng.integer(1, 8);
-        const int64_t H = repeat % 2 ? rng.integer(1, 20) : 64 * rng.integer(1, 4);
-        const int64_t E = rng.integer(1, repeat < 3 ? 12 : 400);
-        c.x = Tensor::floats(dtype, {N, H}, random_values(rng, N * H));
-        std::vector<int32_t> ids(size_t(N * K));
-        for (int32_t& id : ids) id = int32_t(rng.integer(0, E - 1));
-        c.expert_idx = Tensor::int32s({N, K}, ids);
-        c.attrs.expert_num = E;
-        c.attrs.expert_tokens_count_or_cumsum_flag = rng.integer(0, 2);
-        c.attrs.expert_tokens_before_capacity_flag = rng.integer(0, 1) != 0;
-        if (mode == 1) c.attrs.active_num = rng.integer(1, N * K + 2);
-        if (mode == 2) {
-          c.attrs.drop_pad_mode = 1;
-          c.attrs.expert_capacity = rng.integer(1, N);
-        }
-        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " mode " << mode << " N=" << N
-                                          << " K=" << K << " H=" << H << " E=" << E);
+        testing::V2CaseSpec spec;
+        spec.dtype = dtype;
+        spec.mode = mode;
+        spec.sizes = testing::gpu_v2_sizes(repeat);
+        V2Case c = testing::make_v2_case(rng, spec);
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " mode " << mode
+                                          << " N=" << c.x.shape[0] << " K=" << c.expert_idx.shape[1]
+                                          << " H=" << c.x.shape[1] << " E=" << c.attrs.expert_num);
         const V2Result expected = testing::run_v2(c, kCpu);
         ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
         const V2Result got = run_v2_cuda(c);

@@ -10,10 +10,10 @@
 #include <cstring>
 #include <memory>
 #include <new>
-#include <random>
 #include <string>
 #include <vector>
 
+#include "cases/random.h"
 #include "moe_routing/moe_init_routing.h"
 #include "moe_routing/moe_routing.h"
 
@@ -77,16 +77,15 @@ mrTensor* handle_of(const Optional& b) { return b ? b->handle : nullptr; }
 
 /// Fills with random expert ids in [lo, hi], or random float32 values.
 void fill_ids(Buffer& b, int32_t lo, int32_t hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
+  moe_routing::cases::Random rng(seed);
   int32_t* ids = reinterpret_cast<int32_t*>(b.bytes.data());
-  for (size_t i = 0; i < b.bytes.size() / 4; ++i)
-    ids[i] = int32_t(lo + int64_t(rng() % uint64_t(int64_t(hi) - lo + 1)));
+  for (size_t i = 0; i < b.bytes.size() / 4; ++i) ids[i] = int32_t(rng.integer(lo, hi));
 }
 void fill_floats(Buffer& b, uint64_t seed) {
-  std::mt19937_64 rng(seed);
+  moe_routing::cases::Random rng(seed);
   float* values = reinterpret_cast<float*>(b.bytes.data());
   for (size_t i = 0; i < b.bytes.size() / 4; ++i)
-    values[i] = float(int64_t(rng() % 2001) - 1000) / 256.0f;
+    values[i] = float(rng.integer(-1000, 1000)) / 256.0f;
 }
 
 /// Runs a forward phase two with a workspace of the reported size (> 0), counting allocations.

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Checks that #include edges follow the one-way layers of docs/ARCHITECTURE.md.
 
-Every C, C++ and CUDA file under include/, src/ and the front ends (tools/cli/,
-python/moe_routing/csrc/) is read; each of its #include lines (conditional ones too) that names a
-file of the project is checked against the layer of the including file:
+Every C, C++ and CUDA file under include/, src/, the front ends (tools/cli/,
+python/moe_routing/csrc/) and the test cases (tools/cases/) is read; each of its #include lines
+(conditional ones too) that names a file of the project is checked against the layer of the
+including file:
 
   rank 0  include/moe_routing/        public headers
   rank 1  src/core/                   core
@@ -11,11 +12,13 @@ file of the project is checked against the layer of the including file:
   rank 3  src/reference/, src/cpu/, src/cuda/   backends
   rank 4  src/ops/                    operator entry points
   rank 5  src/c_api/, tools/cli/, python/moe_routing/csrc/   front ends
+  rank 5  tools/cases/                test cases (beside the front ends, built on rank 0 only)
 
 A file may include files of its own rank or a lower one, never a higher one; a backend or a front
-end may not include another backend or front end. A quoted include must name a file of the project
-(resolved against the including file's folder, then include/ and src/), and every file under src/
-must sit in a folder of some layer. Each violation is printed as `path:line: rule`; the exit status
+end may not include another backend or front end. The test cases are no front end: a front end
+may include them, and they include public headers only. A quoted include must name a file of the
+project (resolved against the including file's folder, then include/, src/ and tools/), and every
+file under src/ must sit in a folder of some layer. Each violation is printed as `path:line: rule`; the exit status
 is 1 when there is any, 0 otherwise.
 
 Usage: check_layers.py [--root DIR]   (default: the repository holding this script)
@@ -27,8 +30,8 @@ import re
 import sys
 
 EXTENSIONS = (".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh")
-SCANNED = ("include", "src", "tools/cli", "python/moe_routing/csrc")
-INCLUDE_ROOTS = ("include", "src")
+SCANNED = ("include", "src", "tools/cli", "tools/cases", "python/moe_routing/csrc")
+INCLUDE_ROOTS = ("include", "src", "tools")
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 # (path prefix, layer name, rank, component). Components of the same rank must not include each
@@ -44,8 +47,12 @@ LAYERS = (
     ("src/c_api/", "front end c_api", 5, "c_api"),
     ("tools/cli/", "front end cli", 5, "cli"),
     ("python/moe_routing/csrc/", "front end torch binding", 5, "torch"),
+    ("tools/cases/", "test cases", 5, "cases"),
 )
 EXCLUSIVE_RANKS = (3, 5)
+# Libraries at a rank of their own that are no backend or front end: any component of that rank
+# may include them, and they may include nothing above the given rank (but themselves).
+SHARED = {"cases": 0}
 
 
 def layer_of(path):
@@ -114,8 +121,14 @@ def check(root):
                     violations.append((path, number, "%s: layer '%s' (rank %d) may not include "
                                        "layer '%s' (rank %d): includes go to the same or a lower "
                                        "layer" % (spelled, name, rank, other_name, other_rank)))
+                elif (component in SHARED and other_component != component
+                      and other_rank > SHARED[component]):
+                    violations.append((path, number, "%s: layer '%s' may include only layers of "
+                                       "rank %d or lower, got layer '%s' (rank %d)"
+                                       % (spelled, name, SHARED[component], other_name,
+                                          other_rank)))
                 elif (other_rank == rank and rank in EXCLUSIVE_RANKS
-                      and other_component != component):
+                      and other_component != component and other_component not in SHARED):
                     violations.append((path, number, "%s: layer '%s' may not include layer '%s': "
                                        "backends and front ends do not include each other"
                                        % (spelled, name, other_name)))

@@ -18,26 +18,27 @@
 #include <sstream>
 #include <thread>
 
+#include "cases/model_shapes.h"
+#include "cases/random.h"
+#include "cases/synthetic.h"
 #include "commands.h"
 #include "moe_routing/moe_routing.hpp"
-#include "rng.h"
-#include "synthetic.h"
 
 namespace moe_routing::cli {
 namespace {
 
-struct ShapePreset {
-  const char* name;
-  int64_t hidden, experts, top_k;
-};
+using cases::grad_problems;
+using cases::GradProblem;
+using cases::kModelShapes;
+using cases::ModelShape;
+using cases::random_expert_idx;
 
-// Real models' MoE layers: hidden size, routed experts, experts per token.
-constexpr ShapePreset kShapes[] = {
-    {"deepseek-v3", 7168, 256, 8},
-    {"qwen3-235b", 4096, 128, 8},
-    {"qwen3-30b", 2048, 128, 8},
-    {"mixtral", 4096, 8, 2},
-};
+/// The values of --shape: every shape of kModelShapes, or all of them.
+std::vector<std::string> shape_choices() {
+  std::vector<std::string> choices{"all"};
+  for (const ModelShape& s : kModelShapes) choices.push_back(s.name);
+  return choices;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -236,11 +237,7 @@ double ceiling_of_copy(double reads, double writes, double copy_bw, double read_
 
 std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
   std::vector<uint8_t> data(size_t(count) * dtype_size(dtype));
-  SplitMix64 rng(seed);
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = float(int64_t(rng.next() >> 40) - (int64_t(1) << 23)) * (1.0f / float(1 << 23));
-    store_from_float(data.data(), dtype, i, v);
-  }
+  cases::fill_random(data.data(), dtype, count, seed);
   return data;
 }
 
@@ -287,8 +284,7 @@ class BenchCommand : public Command {
 
   void declare(ArgParser& p) override {
     p.add_choice("--op", "operators to time", {"all", "grad", "init-routing"}, &op_);
-    p.add_choice("--shape", "model shape (hidden/experts/top_k)",
-                 {"all", "deepseek-v3", "qwen3-235b", "qwen3-30b", "mixtral"}, &shape_);
+    p.add_choice("--shape", "model shape (hidden/experts/top_k)", shape_choices(), &shape_);
     p.add_string("--tokens", "N,N,...", "token counts to sweep", &tokens_text_);
     p.add_choice("--dtype", "dtype of the float tensors", {"bf16", "fp16", "fp32"}, &dtype_text_);
     p.add_choice("--order", "backward accumulation order", {"tree", "sequential"}, &order_text_);
@@ -336,8 +332,8 @@ class BenchCommand : public Command {
     BandwidthMeter meter(threads);
     const bool can_measure_memory = reset_peak_rss();
 
-    std::vector<ShapePreset> shapes;
-    for (const ShapePreset& s : kShapes)
+    std::vector<ModelShape> shapes;
+    for (const ModelShape& s : kModelShapes)
       if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
     const bool do_grad = op_ == "all" || op_ == "grad";
     const bool do_forward = op_ == "all" || op_ == "init-routing";
@@ -390,7 +386,7 @@ class BenchCommand : public Command {
     };
 
     const double esize = double(dtype_size(dtype));
-    for (const ShapePreset& shape : shapes) {
+    for (const ModelShape& shape : shapes) {
       for (int64_t n : token_counts) {
         const int64_t H = shape.hidden, E = shape.experts, K = shape.top_k;
         const std::vector<int32_t> expert_idx = random_expert_idx(n, K, E, 1234 + uint64_t(n));

@@ -1,12 +1,12 @@
-#include "synthetic.h"
+#include "cases/synthetic.h"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
-#include "rng.h"
+#include "cases/random.h"
 
-namespace moe_routing::cli {
+namespace moe_routing::cases {
 
 std::vector<int32_t> random_expert_idx(int64_t num_tokens, int64_t top_k, int64_t expert_num,
                                        uint64_t seed) {
@@ -112,4 +112,4 @@ std::vector<GradProblem> grad_problems(const std::vector<int32_t>& expert_idx, i
   return problems;
 }
 
-}  // namespace moe_routing::cli
+}  // namespace moe_routing::cases

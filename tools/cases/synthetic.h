@@ -1,6 +1,7 @@
-// A seeded synthetic MoE batch for `moe-routing demo` and `moe-routing bench`: random top-K
-// routing, the three CANN scenarios (dropless, active, drop-pad) as moe_init_routing_v2
-// configurations, and the backward problems that the library's forward derives from them.
+// A seeded synthetic MoE batch for `moe-routing demo`, `moe-routing bench` and the benchmarks of
+// tools/gpu_check.cpp: random top-K routing, the three CANN scenarios (dropless, active,
+// drop-pad) as moe_init_routing_v2 configurations, and the backward problems that the library's
+// forward derives from them.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 #include "moe_routing/moe_init_routing.h"
 #include "moe_routing/moe_init_routing_grad.h"
 
-namespace moe_routing::cli {
+namespace moe_routing::cases {
 
 /// expert_idx [N, K] int32, row-major: K distinct experts in [0, E) per token, drawn without
 /// replacement with a Zipf-like skew (expert e has weight 1/sqrt(e+1), so low ids are popular and
@@ -58,4 +59,4 @@ std::vector<int32_t> forward_expanded_row_idx(const std::vector<int32_t>& expert
 std::vector<GradProblem> grad_problems(const std::vector<int32_t>& expert_idx, int64_t num_tokens,
                                        int64_t top_k, int64_t expert_num, int64_t hidden);
 
-}  // namespace moe_routing::cli
+}  // namespace moe_routing::cases
