@@ -1,7 +1,9 @@
 // moe_routing_gpu_check: the CUDA backend against the CPU backend, bit for bit, on random inputs
 // for every scenario, dtype, order and quantisation numerics of both operators, then benchmarks at
 // model shapes in GB/s against a device-to-device cudaMemcpy measured in the same run.
-// Run by tools/gpu_check.sh (docs/cuda.md); needs no GoogleTest.
+// Run by tools/gpu_check.sh (docs/cuda.md); needs no GoogleTest. The random cases, the sizes
+// they are drawn at, the model shapes and the benchmarks' routing are those of tools/cases/, which
+// the C++ tests (tests/cpp/test_cuda_gpu.cpp) and `moe-routing bench` use too.
 //
 //   moe_routing_gpu_check [--checks-only | --bench-only] [--results FILE]
 //
@@ -11,25 +13,27 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <limits>
-#include <numeric>
-#include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "cases/grad_cases.h"
+#include "cases/model_shapes.h"
+#include "cases/random.h"
+#include "cases/routing_cases.h"
+#include "cases/synthetic.h"
 #include "cuda/device_memory.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace {
 
 using namespace moe_routing;
+using cases::FloatBuffer;
+using cases::Tensor;
 
 // ---- small utilities ------------------------------------------------------------------------
 
@@ -49,101 +53,45 @@ void require(const Status& s, const char* what) {
   }
 }
 
-/// Host bytes of a tensor plus its shape and dtype.
-struct Host {
-  DType dtype = DType::float32;
-  std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;
-  bool present = false;
-
-  Host() = default;
-  Host(DType d, std::vector<int64_t> s) : dtype(d), shape(std::move(s)), present(true) {
-    bytes.assign(size_t(numel()) * dtype_size(dtype), 0);
-  }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t e : shape) n *= e;
-    return n;
-  }
-  TensorView view() {
-    if (!present) return TensorView();
-    static uint64_t empty = 0;
-    return TensorView(bytes.empty() ? static_cast<void*>(&empty) : bytes.data(), dtype,
-                      int(shape.size()), shape.data());
-  }
-};
-
-Host from_spec(const OutputSpec& spec) {
-  if (!spec.produced) return Host();
-  return Host(spec.dtype, std::vector<int64_t>(spec.shape, spec.shape + spec.ndim));
-}
+/// The CPU backend every check and benchmark is compared with (default threads, best ISA).
+const cases::Runner kCpu{Backend::cpu, CpuIsa::automatic, 0};
 
 /// Device copies kept alive together.
 class DeviceCopies {
  public:
-  TensorView upload(Host& h) {
-    if (!h.present) return TensorView();
+  /// The host tensor's bytes on the device, as a view of the same shape (absent stays absent).
+  TensorView upload(const TensorView& host) {
+    if (host.data == nullptr && host.ndim == 0) return TensorView();
     buffers_.emplace_back();
-    require(buffers_.back().upload(h.bytes.data(), h.bytes.size()), "upload");
-    TensorView v = h.view();
+    require(buffers_.back().upload(host.data, host.nbytes()), "upload");
+    TensorView v = host;
     v.data = buffers_.back().data();
     v.device = Device::cuda;
     return v;
   }
-  /// A poisoned device output for `h` (absent stays absent).
-  TensorView output(Host& h) {
-    if (!h.present) return TensorView();
+  /// A poisoned (0x5A, as the host outputs of the cases) device output of the host view's shape
+  /// (absent stays absent).
+  TensorView output(const TensorView& host) {
+    if (host.data == nullptr && host.ndim == 0) return TensorView();
     buffers_.emplace_back();
-    require(buffers_.back().allocate(h.bytes.size()), "allocate");
+    require(buffers_.back().allocate(host.nbytes()), "allocate");
     require(buffers_.back().fill(0x5A), "fill");
-    TensorView v = h.view();
+    TensorView v = host;
     v.data = buffers_.back().data();
     v.device = Device::cuda;
     return v;
   }
-  static void download(const TensorView& d, Host& h) {
-    if (h.present && !h.bytes.empty())
-      CHECK_CUDA(cudaMemcpy(h.bytes.data(), d.data, h.bytes.size(), cudaMemcpyDeviceToHost));
+  static void download(const TensorView& device, void* host, size_t bytes) {
+    if (device.data != nullptr && bytes > 0)
+      CHECK_CUDA(cudaMemcpy(host, device.data, bytes, cudaMemcpyDeviceToHost));
+  }
+  static void download(const TensorView& device, Tensor& host) {
+    download(device, host.bytes.data(), host.bytes.size());
   }
 
  private:
   std::vector<cuda::DeviceBuffer> buffers_;
 };
-
-/// Deterministic random fill of a floating tensor (values over several binades), in parallel.
-void fill_float(Host& h, uint64_t seed) {
-  const int64_t n = h.numel();
-  const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (unsigned w = 0; w < threads; ++w)
-    pool.emplace_back([&, w] {
-      std::mt19937_64 rng(seed * 1000003 + w);
-      for (int64_t i = n * w / threads; i < n * (w + 1) / threads; ++i) {
-        const uint64_t bits = rng();
-        const float unit = float(int64_t(bits >> 40) - (int64_t(1) << 23)) / 8388608.0f;
-        store_from_float(h.bytes.data(), h.dtype, i, std::ldexp(unit, int(bits & 15) - 8));
-      }
-    });
-  for (std::thread& t : pool) t.join();
-}
-
-int64_t uniform(std::mt19937_64& rng, int64_t lo, int64_t hi) {
-  return lo + int64_t(rng() % uint64_t(hi - lo + 1));
-}
-
-/// top_k distinct experts per token (as a router gives), skewed toward low ids.
-std::vector<int32_t> route(std::mt19937_64& rng, int64_t n, int64_t k, int64_t e) {
-  std::vector<int32_t> ids(size_t(n * k));
-  std::vector<int32_t> experts(static_cast<size_t>(e));
-  std::iota(experts.begin(), experts.end(), 0);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t t = 0; t < k; ++t) {
-      const int64_t j = t + int64_t(rng() % uint64_t(e - t));
-      std::swap(experts[size_t(t)], experts[size_t(j)]);
-      ids[size_t(i * k + t)] = experts[size_t(t)];
-    }
-  return ids;
-}
 
 int failures = 0, passes = 0;
 
@@ -156,112 +104,65 @@ void report(bool ok, const std::string& what) {
   }
 }
 
-bool same(const Host& a, const Host& b) { return a.present == b.present && a.bytes == b.bytes; }
+/// The first difference of a group of cases, or "" when all agreed.
+class Group {
+ public:
+  void add(const std::string& what, const std::string& difference) {
+    if (!difference.empty() && first_.empty())
+      first_ = " (first: " + what + ": " + difference + ")";
+  }
+  /// Reports the group: PASS, or FAIL with its first difference.
+  void finish(const std::string& name) {
+    const bool ok = first_.empty();
+    report(ok, name + first_);
+    std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
+  }
+
+ private:
+  std::string first_;
+};
 
 // ---- the backward ---------------------------------------------------------------------------
 
-struct GradInput {
-  Host grad, idx;
-  MoeInitRoutingGradAttrs attrs;
-  int64_t n = 0, h = 0;
-};
-
-GradInput grad_input(std::mt19937_64& rng, DType dtype, GradScenario scenario, int64_t n, int64_t k,
-                     int64_t h, AccumulationOrder order) {
-  GradInput in;
-  in.n = n;
-  in.h = h;
-  const int64_t pairs = n * k;
-  std::vector<int32_t> perm(static_cast<size_t>(pairs));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  int64_t rows = pairs;
-  in.attrs.top_k = k;
-  in.attrs.order = order;
-  std::vector<int64_t> shape{rows, h};
-  if (scenario == GradScenario::active) {
-    rows = uniform(rng, 1, std::max<int64_t>(1, pairs));
-    in.attrs.active_num = rows;
-    shape = {rows, h};
-  } else if (scenario == GradScenario::drop_pad) {
-    const int64_t experts = uniform(rng, 1, 9), capacity = uniform(rng, 1, pairs / experts + 1);
-    rows = experts * capacity;
-    in.attrs.drop_pad_mode = 1;
-    shape = {experts, capacity, h};
-    for (int32_t& p : perm) p = p < rows ? p : -1;
-  }
-  for (int32_t& p : perm)
-    if (rng() % 10 == 0) p = -1;
-  in.grad = Host(dtype, shape);
-  fill_float(in.grad, rng());
-  in.idx = Host(DType::int32, {pairs});
-  std::memcpy(in.idx.bytes.data(), perm.data(), perm.size() * 4);
-  return in;
-}
-
-Host grad_cpu(GradInput& in) {
-  Host out(in.grad.dtype, {in.n, in.h});
-  ExecConfig cpu;
-  cpu.backend = Backend::cpu;
-  require(moe_init_routing_grad(in.grad.view(), in.idx.view(), in.attrs, out.view(), cpu),
-          "CPU grad");
-  return out;
-}
-
-Host grad_gpu(GradInput& in, Status* status) {
+FloatBuffer grad_gpu(cases::GradCase& c, Status* status) {
   DeviceCopies dev;
-  Host out(in.grad.dtype, {in.n, in.h});
-  const TensorView o = dev.output(out);
-  *status = moe_init_routing_grad(dev.upload(in.grad), dev.upload(in.idx), in.attrs, o);
+  FloatBuffer out(c.dtype, c.num_rows * c.hidden);
+  const TensorView o = dev.output(TensorView(out.data(), c.dtype, {c.num_rows, c.hidden}));
+  *status = moe_init_routing_grad(dev.upload(c.grad_view()), dev.upload(c.idx_view()), c.attrs, o);
   CHECK_CUDA(cudaDeviceSynchronize());
-  DeviceCopies::download(o, out);
+  DeviceCopies::download(o, out.data(), out.bytes.size());
   return out;
 }
 
 void check_grad() {
-  std::mt19937_64 rng(1);
-  struct Shape {
-    int64_t n, k, h;
-  };
-  const Shape shapes[] = {{1, 1, 1},    {7, 2, 8},     {33, 3, 24}, {5, 4, 64}, {13, 5, 100},
-                          {9, 8, 7168}, {8, 9, 40},    {6, 16, 72}, {4, 33, 8}, {3, 128, 16},
-                          {2, 130, 24}, {97, 2, 4096}, {64, 8, 257}};
+  cases::Random rng(1);
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
     for (GradScenario scenario :
          {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
       for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
-        bool ok = true;
-        std::string first;
-        for (const Shape& s : shapes) {
-          GradInput in = grad_input(rng, dtype, scenario, s.n, s.k, s.h, order);
-          const Host expected = grad_cpu(in);
+        Group group;
+        for (const cases::GradShape& s : cases::kGradShapes) {
+          cases::GradCase c =
+              cases::make_grad_case(rng, scenario, dtype, s.num_rows, s.top_k, s.hidden);
+          c.attrs.order = order;
+          FloatBuffer expected;
+          require(cases::run_grad(c, kCpu, &expected), "CPU grad");
           Status status;
-          const Host got = grad_gpu(in, &status);
-          if (!status.is_ok() || !same(expected, got)) {
-            if (ok)
-              first = " (first: N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
-                      " H=" + std::to_string(s.h) +
-                      (status.is_ok() ? "" : ": " + status.message()) + ")";
-            ok = false;
-          }
+          const FloatBuffer got = grad_gpu(c, &status);
+          group.add("N=" + std::to_string(s.num_rows) + " K=" + std::to_string(s.top_k) +
+                        " H=" + std::to_string(s.hidden),
+                    status.is_ok() ? cases::difference(expected, got) : status.message());
         }
-        const std::string name = std::string("moe_init_routing_grad ") + dtype_name(dtype) + " " +
-                                 grad_scenario_name(scenario) + " " +
-                                 accumulation_order_name(order);
-        report(ok, name + first);
-        std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
+        group.finish(std::string("moe_init_routing_grad ") + dtype_name(dtype) + " " +
+                     grad_scenario_name(scenario) + " " + accumulation_order_name(order));
       }
   // A bad index: the CPU's message, nothing written.
-  GradInput in =
-      grad_input(rng, DType::float32, GradScenario::dropless, 3, 2, 8, AccumulationOrder::tree);
-  reinterpret_cast<int32_t*>(in.idx.bytes.data())[5] = 99;
-  Host cpu_out(DType::float32, {3, 8});
-  ExecConfig cpu;
-  cpu.backend = Backend::cpu;
-  const Status cpu_status =
-      moe_init_routing_grad(in.grad.view(), in.idx.view(), in.attrs, cpu_out.view(), cpu);
+  cases::GradCase c = cases::make_grad_case(rng, GradScenario::dropless, DType::float32, 3, 2, 8);
+  c.expanded_row_idx[5] = 99;
+  FloatBuffer cpu_out;
+  const Status cpu_status = cases::run_grad(c, kCpu, &cpu_out);
   Status gpu_status;
-  const Host got = grad_gpu(in, &gpu_status);
+  const FloatBuffer got = grad_gpu(c, &gpu_status);
   bool untouched = true;
   for (uint8_t b : got.bytes) untouched = untouched && b == 0x5A;
   const bool ok = cpu_status.code() == StatusCode::index_out_of_range &&
@@ -275,179 +176,100 @@ void check_grad() {
 
 // ---- the forward ------------------------------------------------------------------------------
 
-struct ForwardInput {
-  Host x, ids, scale, offset, weight;
-  MoeInitRoutingAttrs attrs;
-};
-
-struct ForwardOutput {
-  Status status;
-  Host out[5];
-};
-
-ForwardOutput forward(ForwardInput& in, bool gpu) {
-  ForwardOutput r;
-  MoeInitRoutingPlan plan;
-  r.status = infer_moe_init_routing(in.x.view(), in.ids.view(), in.scale.view(), in.offset.view(),
-                                    in.weight.view(), in.attrs, &plan);
-  if (!r.status.is_ok()) return r;
-  const OutputSpec* specs[] = {&plan.expanded_x, &plan.expanded_row_idx,
-                               &plan.expert_tokens_count_or_cumsum, &plan.expanded_scale,
-                               &plan.expanded_topk_weight};
-  for (int i = 0; i < 5; ++i) r.out[i] = from_spec(*specs[i]);
-  if (!gpu) {
-    ExecConfig cpu;
-    cpu.backend = Backend::cpu;
-    r.status = moe_init_routing(in.x.view(), in.ids.view(), in.scale.view(), in.offset.view(),
-                                in.weight.view(), in.attrs, r.out[0].view(), r.out[1].view(),
-                                r.out[2].view(), r.out[3].view(), r.out[4].view(), cpu);
-    return r;
-  }
+/// cases::run_forward on the GPU: inputs uploaded, the produced outputs poisoned on the device.
+cases::ForwardResult forward_gpu(cases::ForwardCase& c) {
+  cases::ForwardResult r;
+  if (!cases::plan_outputs(c, &r)) return r;
+  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.expanded_scale,
+                       &r.expanded_topk_weight};
   DeviceCopies dev;
   TensorView o[5];
-  for (int i = 0; i < 5; ++i) o[i] = dev.output(r.out[i]);
-  r.status = moe_init_routing(dev.upload(in.x), dev.upload(in.ids), dev.upload(in.scale),
-                              dev.upload(in.offset), dev.upload(in.weight), in.attrs, o[0], o[1],
-                              o[2], o[3], o[4]);
+  for (int i = 0; i < 5; ++i) o[i] = dev.output(outputs[i]->view());
+  r.status =
+      moe_init_routing(dev.upload(c.x.view()), dev.upload(c.expert_idx.view()),
+                       dev.upload(c.scale.view()), dev.upload(c.offset.view()),
+                       dev.upload(c.topk_weight.view()), c.attrs, o[0], o[1], o[2], o[3], o[4]);
   CHECK_CUDA(cudaDeviceSynchronize());
-  for (int i = 0; i < 5; ++i) DeviceCopies::download(o[i], r.out[i]);
+  for (int i = 0; i < 5; ++i) DeviceCopies::download(o[i], *outputs[i]);
   return r;
 }
 
+/// cases::run_v2 on the GPU.
+cases::V2Result v2_gpu(cases::V2Case& c) {
+  cases::V2Result r;
+  if (!cases::plan_outputs(c, &r)) return r;
+  Tensor* outputs[] = {&r.expanded_x, &r.expanded_row_idx, &r.counts, &r.before_capacity};
+  DeviceCopies dev;
+  TensorView o[4];
+  for (int i = 0; i < 4; ++i) o[i] = dev.output(outputs[i]->view());
+  r.status = moe_init_routing_v2(dev.upload(c.x.view()), dev.upload(c.expert_idx.view()), c.attrs,
+                                 o[0], o[1], o[2], o[3]);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  for (int i = 0; i < 4; ++i) DeviceCopies::download(o[i], *outputs[i]);
+  return r;
+}
+
+/// The CPU's result must succeed; then the GPU's must equal it.
+template <class Result>
+std::string difference_from_cpu(const Result& expected, const Result& got) {
+  if (!expected.status.is_ok()) return "the CPU failed: " + expected.status.message();
+  return cases::difference(expected, got);
+}
+
 void check_forward() {
-  std::mt19937_64 rng(2);
-  const int64_t hiddens[] = {1, 5, 16, 19, 96, 1031, 4096};
+  cases::Random rng(2);
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
-    for (int scenario = 0; scenario < 4; ++scenario)  // dropless, partial range, active, drop-pad
+    for (cases::Scenario scenario : cases::kScenarios)
       for (int64_t quant : {-1, 0, 1})
         for (int64_t row_idx_type : {0, 1})
           for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
-            if (scenario == 3 && (quant != -1 || row_idx_type != 0)) continue;
+            if (scenario == cases::Scenario::drop_pad && (quant != -1 || row_idx_type != 0))
+              continue;
             if (quant == -1 && numerics == Numerics::ascend_950) continue;
-            bool ok = true;
-            std::string first;
+            Group group;
             for (int repeat = 0; repeat < 6; ++repeat) {
-              ForwardInput in;
-              const bool large = repeat == 5;
-              const int64_t N = large ? 3000 : uniform(rng, 1, 40), K = uniform(rng, 1, 8);
-              const int64_t H = large ? 24 : hiddens[uniform(rng, 0, 6)],
-                            E = uniform(rng, 1, large ? 300 : 40);
-              in.x = Host(dtype, {N, H});
-              fill_float(in.x, rng());
-              in.ids = Host(DType::int32, {N, K});
-              int32_t* ids = reinterpret_cast<int32_t*>(in.ids.bytes.data());
-              for (int64_t p = 0; p < N * K; ++p) ids[p] = int32_t(uniform(rng, -1, E));
-              MoeInitRoutingAttrs& a = in.attrs;
-              a.expert_num = E;
-              a.quant_mode = quant;
-              a.row_idx_type = row_idx_type;
-              a.numerics = numerics;
-              a.expert_tokens_num_flag = rng() % 4 != 0;
-              a.expert_tokens_num_type = uniform(rng, 0, 2);
-              int64_t range = E;
-              if (scenario == 1) {
-                const int64_t s = uniform(rng, 0, E - 1), e = uniform(rng, s + 1, E);
-                a.has_active_expert_range = true;
-                a.active_expert_range = {s, e};
-                range = e - s;
-              }
-              if (scenario == 2) a.active_num = uniform(rng, 1, N * K + 2);
-              if (scenario == 3) {
-                a.drop_pad_mode = 1;
-                a.expert_capacity = uniform(rng, 1, N);
-                for (int64_t p = 0; p < N * K; ++p)
-                  ids[p] = std::min<int32_t>(std::max<int32_t>(ids[p], 0), int32_t(E - 1));
-              }
-              if (rng() % 2) {
-                in.weight = Host(DType::float32, {N, K});
-                fill_float(in.weight, rng());
-              }
-              if (quant == -1 && rng() % 2) {
-                in.scale = Host(DType::float32, {N});
-                fill_float(in.scale, rng());
-              }
-              if (quant == 0) {
-                in.scale = Host(DType::float32, {1});
-                fill_float(in.scale, rng());
-                if (rng() % 2) {
-                  in.offset = Host(DType::float32, {1});
-                  fill_float(in.offset, rng());
-                }
-              }
-              if (quant == 1 && rng() % 3 != 0) {
-                in.scale = Host(DType::float32, {rng() % 2 ? range : 1, H});
-                fill_float(in.scale, rng());
-              }
-              const ForwardOutput expected = forward(in, false);
-              const ForwardOutput got = forward(in, true);
-              bool same_all = expected.status.is_ok() && got.status.is_ok();
-              for (int i = 0; same_all && i < 5; ++i) same_all = same(expected.out[i], got.out[i]);
-              if (!same_all && ok) {
-                first = " (first: N=" + std::to_string(N) + " K=" + std::to_string(K) +
-                        " H=" + std::to_string(H) + " E=" + std::to_string(E) +
-                        (got.status.is_ok() ? "" : ": " + got.status.message()) + ")";
-                ok = false;
-              }
+              cases::ForwardCaseSpec spec;
+              spec.dtype = dtype;
+              spec.scenario = scenario;
+              spec.quant_mode = quant;
+              spec.row_idx_type = row_idx_type;
+              spec.sizes = cases::gpu_forward_sizes(repeat == 5);
+              spec.drop_pad_ids_in_range = true;
+              cases::ForwardCase c = cases::make_forward_case(rng, spec);
+              c.attrs.numerics = numerics;
+              const cases::ForwardResult expected = cases::run_forward(c, kCpu);
+              const cases::ForwardResult got = forward_gpu(c);
+              group.add("N=" + std::to_string(c.x.shape[0]) +
+                            " K=" + std::to_string(c.expert_idx.shape[1]) +
+                            " H=" + std::to_string(c.x.shape[1]) +
+                            " E=" + std::to_string(c.attrs.expert_num),
+                        difference_from_cpu(expected, got));
             }
-            const char* scenarios[] = {"dropless", "partial_range", "active", "drop_pad"};
-            const std::string name = std::string("moe_init_routing ") + dtype_name(dtype) + " " +
-                                     scenarios[scenario] + " quant " + std::to_string(quant) +
-                                     " row_idx_type " + std::to_string(row_idx_type) + " " +
-                                     numerics_name(numerics);
-            report(ok, name + first);
-            std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
+            group.finish(std::string("moe_init_routing ") + dtype_name(dtype) + " " +
+                         cases::scenario_name(scenario) + " quant " + std::to_string(quant) +
+                         " row_idx_type " + std::to_string(row_idx_type) + " " +
+                         numerics_name(numerics));
           }
 }
 
 void check_v2() {
-  std::mt19937_64 rng(3);
+  cases::Random rng(3);
   for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
     for (int mode = 0; mode < 3; ++mode) {  // dropless, active_num, drop-pad
-      bool ok = true;
+      Group group;
       for (int repeat = 0; repeat < 8; ++repeat) {
-        const int64_t N = uniform(rng, 1, repeat < 4 ? 40 : 3000), K = uniform(rng, 1, 8);
-        const int64_t H = repeat % 2 ? uniform(rng, 1, 20) : 64 * uniform(rng, 1, 4),
-                      E = uniform(rng, 1, 300);
-        Host x(dtype, {N, H}), ids(DType::int32, {N, K});
-        fill_float(x, rng());
-        for (int64_t p = 0; p < N * K; ++p)
-          reinterpret_cast<int32_t*>(ids.bytes.data())[p] = int32_t(uniform(rng, 0, E - 1));
-        MoeInitRoutingV2Attrs a;
-        a.expert_num = E;
-        a.expert_tokens_count_or_cumsum_flag = uniform(rng, 0, 2);
-        a.expert_tokens_before_capacity_flag = rng() % 2;
-        if (mode == 1) a.active_num = uniform(rng, 1, N * K + 2);
-        if (mode == 2) {
-          a.drop_pad_mode = 1;
-          a.expert_capacity = uniform(rng, 1, N);
-        }
-        MoeInitRoutingV2Plan plan;
-        require(infer_moe_init_routing_v2(x.view(), ids.view(), a, &plan), "infer v2");
-        Host cpu_out[4] = {from_spec(plan.expanded_x), from_spec(plan.expanded_row_idx),
-                           from_spec(plan.expert_tokens_count_or_cumsum),
-                           from_spec(plan.expert_tokens_before_capacity)};
-        Host gpu_out[4] = {cpu_out[0], cpu_out[1], cpu_out[2], cpu_out[3]};
-        ExecConfig cpu;
-        cpu.backend = Backend::cpu;
-        require(moe_init_routing_v2(x.view(), ids.view(), a, cpu_out[0].view(), cpu_out[1].view(),
-                                    cpu_out[2].view(), cpu_out[3].view(), cpu),
-                "CPU v2");
-        DeviceCopies dev;
-        TensorView o[4];
-        for (int i = 0; i < 4; ++i) o[i] = dev.output(gpu_out[i]);
-        const Status s =
-            moe_init_routing_v2(dev.upload(x), dev.upload(ids), a, o[0], o[1], o[2], o[3]);
-        CHECK_CUDA(cudaDeviceSynchronize());
-        for (int i = 0; i < 4; ++i) DeviceCopies::download(o[i], gpu_out[i]);
-        bool same_all = s.is_ok();
-        for (int i = 0; same_all && i < 4; ++i) same_all = same(cpu_out[i], gpu_out[i]);
-        ok = ok && same_all;
+        cases::V2CaseSpec spec;
+        spec.dtype = dtype;
+        spec.mode = mode;
+        spec.sizes = cases::gpu_v2_sizes(repeat);
+        cases::V2Case c = cases::make_v2_case(rng, spec);
+        const cases::V2Result expected = cases::run_v2(c, kCpu);
+        const cases::V2Result got = v2_gpu(c);
+        group.add("N=" + std::to_string(c.x.shape[0]) + " E=" + std::to_string(c.attrs.expert_num),
+                  difference_from_cpu(expected, got));
       }
       const char* modes[] = {"dropless", "active", "drop_pad"};
-      const std::string name =
-          std::string("moe_init_routing_v2 ") + dtype_name(dtype) + " " + modes[mode];
-      report(ok, name);
-      std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
+      group.finish(std::string("moe_init_routing_v2 ") + dtype_name(dtype) + " " + modes[mode]);
     }
 }
 
@@ -501,65 +323,53 @@ void result_line(const char* op, const char* impl, const std::string& name, DTyp
   std::fflush(stdout);
 }
 
-struct Model {
-  const char* name;
-  int64_t hidden, experts, top_k;
-};
-
-void bench(const Model& m, int64_t tokens, DType dtype, double copy_gbps) {
+/// One model's MoE layer at `tokens` tokens, on the routing and data `moe-routing bench` uses for
+/// the same sizes (K distinct experts per token, skewed toward low ids).
+void bench(const cases::ModelShape& m, int64_t tokens, DType dtype, double copy_gbps) {
   const int64_t N = tokens, K = m.top_k, H = m.hidden, E = m.experts, P = N * K;
   const size_t el = dtype_size(dtype);
   const std::string name = std::string(m.name) + " N=" + std::to_string(N);
-  std::mt19937_64 rng(uint64_t(N * 131 + H));
-  Host x(dtype, {N, H}), ids(DType::int32, {N, K});
-  fill_float(x, rng());
-  const std::vector<int32_t> routing = route(rng, N, K, E);
-  std::memcpy(ids.bytes.data(), routing.data(), routing.size() * 4);
+  const uint64_t seed = uint64_t(N * 131 + H);
+  cases::ForwardCase c;
+  c.x = Tensor(dtype, {N, H});
+  cases::fill_random(c.x.bytes.data(), dtype, N * H, seed);
+  c.expert_idx = Tensor::int32s({N, K}, cases::random_expert_idx(N, K, E, seed));
 
   // Forward (torch API, dropless, counts): read x once and the ids, write expanded_x,
   // expanded_row_idx and the counts.
-  MoeInitRoutingAttrs attrs;
-  attrs.expert_num = E;
-  attrs.expert_tokens_num_flag = true;
-  attrs.expert_tokens_num_type = 1;
-  MoeInitRoutingPlan plan;
-  require(infer_moe_init_routing(x.view(), ids.view(), TensorView(), TensorView(), TensorView(),
-                                 attrs, &plan),
-          "infer");
-  Host fx = from_spec(plan.expanded_x), fr = from_spec(plan.expanded_row_idx),
-       fc = from_spec(plan.expert_tokens_count_or_cumsum);
+  c.attrs.expert_num = E;
+  c.attrs.expert_tokens_num_flag = true;
+  c.attrs.expert_tokens_num_type = 1;
+  cases::ForwardResult got;
+  if (!cases::plan_outputs(c, &got)) require(got.status, "infer");
   DeviceCopies dev;
-  const TensorView dx = dev.upload(x), dids = dev.upload(ids);
-  const TensorView ox = dev.output(fx), orow = dev.output(fr), oc = dev.output(fc);
+  const TensorView dx = dev.upload(c.x.view()), dids = dev.upload(c.expert_idx.view());
+  const TensorView ox = dev.output(got.expanded_x.view()),
+                   orow = dev.output(got.expanded_row_idx.view()),
+                   oc = dev.output(got.counts.view());
   const double fwd_ms = time_ms([&] {
-    require(moe_init_routing(dx, dids, TensorView(), TensorView(), TensorView(), attrs, ox, orow,
+    require(moe_init_routing(dx, dids, TensorView(), TensorView(), TensorView(), c.attrs, ox, orow,
                              oc, TensorView(), TensorView()),
             "moe_init_routing");
   });
-  DeviceCopies::download(ox, fx);
-  DeviceCopies::download(orow, fr);
-  DeviceCopies::download(oc, fc);
-  Host cx = from_spec(plan.expanded_x), cr = from_spec(plan.expanded_row_idx),
-       cc = from_spec(plan.expert_tokens_count_or_cumsum);
-  ExecConfig cpu;
-  cpu.backend = Backend::cpu;
-  require(moe_init_routing(x.view(), ids.view(), TensorView(), TensorView(), TensorView(), attrs,
-                           cx.view(), cr.view(), cc.view(), TensorView(), TensorView(), cpu),
-          "CPU forward");
-  const bool fwd_ok = same(cx, fx) && same(cr, fr) && same(cc, fc);
-  report(fwd_ok, "benchmark forward " + name + " differs from the CPU");
+  DeviceCopies::download(ox, got.expanded_x);
+  DeviceCopies::download(orow, got.expanded_row_idx);
+  DeviceCopies::download(oc, got.counts);
+  const std::string fwd_difference = difference_from_cpu(cases::run_forward(c, kCpu), got);
+  report(fwd_difference.empty(),
+         "benchmark forward " + name + " differs from the CPU: " + fwd_difference);
   const double fwd_bytes =
       double(N * H * el) + double(P) * 4 + double(P * H * el) + double(P) * 4 + double(E) * 8;
   result_line("moe_init_routing", "ours", name, dtype, fwd_ms, fwd_bytes, copy_gbps,
-              fwd_ok ? "yes" : "NO");
+              fwd_difference.empty() ? "yes" : "NO");
 
   // Backward (dropless) on the forward's expanded_row_idx: read every grad row once and the
   // indices, write grad_x.
-  Host g(dtype, {P, H});
-  fill_float(g, rng());
-  const TensorView dg = dev.upload(g);
-  Host gx(dtype, {N, H});
-  const TensorView ogx = dev.output(gx);
+  Tensor g(dtype, {P, H});
+  cases::fill_random(g.bytes.data(), dtype, P * H, seed + 1);
+  const TensorView dg = dev.upload(g.view());
+  Tensor gx(dtype, {N, H});
+  const TensorView ogx = dev.output(gx.view());
   for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
     MoeInitRoutingGradAttrs ga;
     ga.top_k = K;
@@ -567,14 +377,16 @@ void bench(const Model& m, int64_t tokens, DType dtype, double copy_gbps) {
     const double ms = time_ms(
         [&] { require(moe_init_routing_grad(dg, orow, ga, ogx), "moe_init_routing_grad"); });
     DeviceCopies::download(ogx, gx);
-    Host expected(dtype, {N, H});
-    require(moe_init_routing_grad(g.view(), fr.view(), ga, expected.view(), cpu), "CPU grad");
-    const bool ok = same(expected, gx);
-    report(ok, "benchmark backward " + name + " " + accumulation_order_name(order) +
-                   " differs from the CPU");
+    Tensor expected(dtype, {N, H});
+    require(moe_init_routing_grad(g.view(), got.expanded_row_idx.view(), ga, expected.view(),
+                                  kCpu.config()),
+            "CPU grad");
+    const std::string difference = cases::difference(expected, gx);
+    report(difference.empty(), "benchmark backward " + name + " " + accumulation_order_name(order) +
+                                   " differs from the CPU: " + difference);
     const double bytes = double(P * H * el) + double(P) * 4 + double(N * H * el);
     result_line("moe_init_routing_grad", order == AccumulationOrder::tree ? "ours" : "ours-seq",
-                name, dtype, ms, bytes, copy_gbps, ok ? "yes" : "NO");
+                name, dtype, ms, bytes, copy_gbps, difference.empty() ? "yes" : "NO");
   }
 }
 
@@ -612,12 +424,11 @@ int main(int argc, char** argv) {
     const double copy_gbps = copy_bandwidth();
     std::printf("BENCH device-to-device cudaMemcpy: %.1f GB/s (read + write)\n", copy_gbps);
     if (results != nullptr) std::fprintf(results, "COPY|%.1f\n", copy_gbps);
-    const Model models[] = {
-        {"DeepSeek-V3", 7168, 256, 8}, {"Qwen3", 4096, 128, 8}, {"Mixtral", 4096, 8, 2}};
-    for (const Model& m : models) bench(m, 8192, DType::bfloat16, copy_gbps);
-    bench(models[0], 2048, DType::bfloat16, copy_gbps);
-    bench(models[0], 16384, DType::bfloat16, copy_gbps);
-    bench(models[1], 8192, DType::float32, copy_gbps);
+    for (const cases::ModelShape& m : cases::kModelShapes)
+      bench(m, 8192, DType::bfloat16, copy_gbps);
+    bench(cases::model_shape("deepseek-v3"), 2048, DType::bfloat16, copy_gbps);
+    bench(cases::model_shape("deepseek-v3"), 16384, DType::bfloat16, copy_gbps);
+    bench(cases::model_shape("qwen3-235b"), 8192, DType::float32, copy_gbps);
   }
   if (results != nullptr) std::fclose(results);
   return failures == 0 ? 0 : 1;
