@@ -64,18 +64,18 @@ FloatBuffer run_c_grad(GradCase& c, mrAccumulationOrder order) {
 
 TEST(CApiResults, GradEqualsCpp) {
   Random rng(7);
-  const int64_t sizes[][3] = {{0, 2, 5},   {1, 1, 1},   {7, 3, 33},
-                              {33, 8, 17}, {5, 128, 3}, {13, 5, 0}};
+  std::vector<GradShape> sizes(std::begin(kEmptyGradShapes), std::end(kEmptyGradShapes));
+  sizes.insert(sizes.end(), std::begin(kGradShapes), std::end(kGradShapes));
   for (GradScenario scenario :
        {GradScenario::dropless, GradScenario::active, GradScenario::drop_pad})
     for (DType dtype : {DType::float32, DType::float16, DType::bfloat16})
       for (const auto& size : sizes)
         for (AccumulationOrder order : {AccumulationOrder::tree, AccumulationOrder::sequential}) {
-          GradCase c = make_grad_case(rng, scenario, dtype, size[0], size[1], size[2]);
+          GradCase c = make_grad_case(rng, scenario, dtype, size.num_rows, size.top_k, size.hidden);
           c.attrs.order = order;
           SCOPED_TRACE(std::string(grad_scenario_name(scenario)) + " " + dtype_name(dtype) + " " +
-                       accumulation_order_name(order) + " N=" + std::to_string(size[0]) +
-                       " K=" + std::to_string(size[1]) + " H=" + std::to_string(size[2]));
+                       accumulation_order_name(order) + " N=" + std::to_string(size.num_rows) +
+                       " K=" + std::to_string(size.top_k) + " H=" + std::to_string(size.hidden));
           const FloatBuffer expected = run_cpp_grad(c);
           const FloatBuffer got = run_c_grad(c, mrAccumulationOrder(order));
           EXPECT_TRUE(bitwise_equal(expected, got));
@@ -118,15 +118,6 @@ V2Result run_c_v2(V2Case& c) {
   return r;
 }
 
-/// A floating tensor of the given shape with values spread over binades 2^-6 .. 2^6.
-Tensor random_floats(Random& rng, DType dtype, std::vector<int64_t> shape) {
-  int64_t count = 1;
-  for (int64_t d : shape) count *= d;
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& v : values) v = rng.uniform(int(rng.integer(-6, 6)));
-  return Tensor::floats(dtype, std::move(shape), values);
-}
-
 TEST(CApiResults, V2EqualsCpp) {
   Random rng(11);
   const Runner cpu{Backend::automatic, CpuIsa::automatic, 0};
@@ -137,7 +128,7 @@ TEST(CApiResults, V2EqualsCpp) {
     const int64_t e = rng.integer(1, 9);
     const DType dtype =
         std::vector<DType>{DType::float32, DType::float16, DType::bfloat16}[iteration % 3];
-    c.x = random_floats(rng, dtype, {n, h});
+    c.x = random_tensor(rng, dtype, {n, h});
     c.expert_idx = Tensor::int32s({n, k}, random_ids(rng, n * k, 0, e - 1));
     c.attrs.expert_num = e;
     c.attrs.drop_pad_mode = iteration % 4 == 3 ? 1 : 0;
@@ -206,7 +197,7 @@ TEST(CApiResults, RoutingEqualsCpp) {
     const int64_t e = rng.integer(1, 8);
     const DType dtype =
         std::vector<DType>{DType::float32, DType::float16, DType::bfloat16}[iteration % 3];
-    c.x = random_floats(rng, dtype, {n, h});
+    c.x = random_tensor(rng, dtype, {n, h});
     c.expert_idx = Tensor::int32s({n, k}, random_ids(rng, n * k, -1, e + 1));
     MoeInitRoutingAttrs& a = c.attrs;
     a.expert_num = e;
@@ -226,14 +217,14 @@ TEST(CApiResults, RoutingEqualsCpp) {
     const int64_t range =
         a.has_active_expert_range ? a.active_expert_range.end - a.active_expert_range.start : e;
     const DType f32 = DType::float32;
-    if (a.quant_mode == -1 && rng.integer(0, 1)) c.scale = random_floats(rng, f32, {n});
+    if (a.quant_mode == -1 && rng.integer(0, 1)) c.scale = random_tensor(rng, f32, {n});
     if (a.quant_mode == 0) {
-      c.scale = random_floats(rng, f32, {1});
-      if (rng.integer(0, 1)) c.offset = random_floats(rng, f32, {1});
+      c.scale = random_tensor(rng, f32, {1});
+      if (rng.integer(0, 1)) c.offset = random_tensor(rng, f32, {1});
     }
     if (a.quant_mode == 1 && rng.integer(0, 1))
-      c.scale = random_floats(rng, f32, {rng.integer(0, 1) ? range : 1, h});
-    if (rng.integer(0, 1)) c.topk_weight = random_floats(rng, f32, {n, k});
+      c.scale = random_tensor(rng, f32, {rng.integer(0, 1) ? range : 1, h});
+    if (rng.integer(0, 1)) c.topk_weight = random_tensor(rng, f32, {n, k});
     SCOPED_TRACE("iteration " + std::to_string(iteration));
     const ForwardResult expected = run_forward(c, cpu);
     const ForwardResult got = run_c_forward(c);

@@ -290,23 +290,19 @@ TEST(CliGoldenForward, RandomV2CasesEqualTheReferenceByteForByte) {
   for (DType dtype : kForwardFloatDtypes)
     for (int scenario = 0; scenario < 3; ++scenario)  // dropless, active, drop-pad
       for (int flag = 0; flag < 3; ++flag) {
-        const int64_t n = rng.integer(1, 14), k = rng.integer(1, 5), h = rng.integer(1, 9),
-                      e = rng.integer(1, 9);
-        testing::V2Case c;
-        std::vector<float> x(size_t(n * h));
-        for (float& v : x) v = rng.uniform(int(rng.integer(-6, 6)));
-        c.x = Tensor::floats(dtype, {n, h}, x);
-        std::vector<int32_t> ids(size_t(n * k));
-        for (int32_t& id : ids) id = int32_t(rng.integer(0, e - 1));
-        c.expert_idx = Tensor::int32s({n, k}, ids);
-        c.attrs.expert_num = e;
+        testing::V2CaseSpec spec;
+        spec.dtype = dtype;
+        spec.mode = scenario;
+        spec.sizes.tokens = {1, 14};
+        spec.sizes.top_k = {1, 5};
+        spec.sizes.hidden = {1, 9};
+        spec.sizes.experts = {1, 9};
+        testing::V2Case c = testing::make_v2_case(rng, spec);
+        // Every count flag, with the counts before capacity whenever there are counts.
         c.attrs.expert_tokens_count_or_cumsum_flag = flag;
         c.attrs.expert_tokens_before_capacity_flag = flag != 0;
-        if (scenario == 1) c.attrs.active_num = rng.integer(1, n * k + 2);
-        if (scenario == 2) {
-          c.attrs.drop_pad_mode = 1;
-          c.attrs.expert_capacity = rng.integer(1, n);
-        }
+        const int64_t n = c.x.shape[0], k = c.expert_idx.shape[1], h = c.x.shape[1],
+                      e = c.attrs.expert_num;
         SCOPED_TRACE(::testing::Message()
                      << dtype_name(dtype) << " scenario " << scenario << " flag " << flag
                      << " N=" << n << " K=" << k << " H=" << h << " E=" << e);
@@ -355,56 +351,19 @@ TEST(CliGoldenForward, RandomTorchApiCasesEqualTheReferenceByteForByte) {
         for (int64_t row_idx_type : {0, 1}) {
           if (dtype == DType::int8 && quant != -1) continue;  // int8 x cannot be quantised
           if (scenario == 3 && (quant != -1 || row_idx_type != 0)) continue;
-          const int64_t n = rng.integer(1, 12), k = rng.integer(1, 4), h = rng.integer(1, 9),
-                        e = rng.integer(1, 8);
-          testing::ForwardCase c;
-          if (dtype == DType::int8) {
-            c.x = Tensor(DType::int8, {n, h});
-            for (uint8_t& b : c.x.bytes) b = uint8_t(rng.next());
-          } else {
-            std::vector<float> x(size_t(n * h));
-            for (float& v : x) v = rng.uniform(int(rng.integer(-4, 7)));
-            c.x = Tensor::floats(dtype, {n, h}, x);
-          }
-          std::vector<int32_t> ids(size_t(n * k));
-          for (int32_t& id : ids) id = int32_t(rng.integer(-1, e));  // -1 and E are not routed
-          c.expert_idx = Tensor::int32s({n, k}, ids);
-          MoeInitRoutingAttrs& a = c.attrs;
-          a.expert_num = e;
-          a.quant_mode = quant;
-          a.row_idx_type = row_idx_type;
-          a.numerics = rng.integer(0, 1) ? Numerics::ascend_950 : Numerics::atlas_a2;
-          a.expert_tokens_num_flag = rng.integer(0, 3) != 0;
-          a.expert_tokens_num_type = rng.integer(0, 2);
-          int64_t range = e;
-          if (scenario == 1) {
-            const int64_t start = rng.integer(0, e - 1), end = rng.integer(start + 1, e);
-            a.has_active_expert_range = true;
-            a.active_expert_range = {start, end};
-            range = end - start;
-          }
-          if (scenario == 2) a.active_num = rng.integer(1, n * k + 2);
-          if (scenario == 3) {
-            a.drop_pad_mode = 1;
-            a.expert_capacity = rng.integer(1, n);
-          }
-          auto random_floats = [&](int64_t count) {
-            std::vector<float> v(static_cast<size_t>(count));
-            for (float& f : v) f = rng.uniform(int(rng.integer(-3, 3)));
-            return v;
-          };
-          if (rng.integer(0, 1))
-            c.topk_weight = Tensor::floats(DType::float32, {n, k}, random_floats(n * k));
-          if (quant == -1 && rng.integer(0, 1))
-            c.scale = Tensor::floats(DType::float32, {n}, random_floats(n));
-          if (quant == 0) {
-            c.scale = Tensor::floats(DType::float32, {1}, {rng.uniform(6)});
-            if (rng.integer(0, 1)) c.offset = Tensor::floats(DType::float32, {1}, {rng.uniform(3)});
-          }
-          if (quant == 1 && rng.integer(0, 2) != 0) {
-            const int64_t rows = rng.integer(0, 1) ? range : 1;
-            c.scale = Tensor::floats(DType::float32, {rows, h}, random_floats(rows * h));
-          }
+          testing::ForwardCaseSpec spec;
+          spec.dtype = dtype;
+          spec.scenario = testing::kScenarios[scenario];
+          spec.quant_mode = quant;
+          spec.row_idx_type = row_idx_type;
+          spec.sizes.tokens = {1, 12};
+          spec.sizes.top_k = {1, 4};
+          spec.sizes.hidden = {1, 9};
+          spec.sizes.experts = {1, 8};
+          testing::ForwardCase c = testing::make_forward_case(rng, spec);
+          const MoeInitRoutingAttrs& a = c.attrs;
+          const int64_t n = c.x.shape[0], k = c.expert_idx.shape[1], h = c.x.shape[1],
+                        e = a.expert_num;
           SCOPED_TRACE(::testing::Message()
                        << dtype_name(dtype) << " scenario " << scenario << " quant " << quant
                        << " row_idx_type " << row_idx_type << " N=" << n << " K=" << k << " H=" << h
