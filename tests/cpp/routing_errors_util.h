@@ -10,6 +10,10 @@
 
 namespace moe_routing::testing {
 
+// Short names for the tables.
+using D = DType;
+using C = StatusCode;
+
 /// A tensor description for the tables: dtype + shape (data allocated to fit), or absent.
 struct Desc {
   bool present = false;

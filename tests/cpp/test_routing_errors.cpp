@@ -5,17 +5,8 @@
 
 #include "routing_errors_util.h"
 
-namespace moe_routing {
+namespace moe_routing::testing {
 namespace {
-
-using testing::Desc;
-using testing::expect_error;
-using testing::kNone;
-using testing::output_for;
-using testing::Override;
-using testing::Tensor;
-using D = DType;
-using C = StatusCode;
 
 // ---------------------------------------------------------------------------------------------
 // moe_init_routing
@@ -559,4 +550,4 @@ TEST(RoutingErrors, OutOfRangeIdsAreNotRoutedInTheTorchApi) {
 }
 
 }  // namespace
-}  // namespace moe_routing
+}  // namespace moe_routing::testing

@@ -2,17 +2,8 @@
 // to any output when a check fails.
 #include "routing_errors_util.h"
 
-namespace moe_routing {
+namespace moe_routing::testing {
 namespace {
-
-using testing::Desc;
-using testing::expect_error;
-using testing::kNone;
-using testing::output_for;
-using testing::Override;
-using testing::Tensor;
-using D = DType;
-using C = StatusCode;
 
 // ---------------------------------------------------------------------------------------------
 // moe_init_routing_v2
@@ -346,4 +337,4 @@ TEST(RoutingErrors, V2NullDataIsRejected) {
 }
 
 }  // namespace
-}  // namespace moe_routing
+}  // namespace moe_routing::testing
