@@ -43,9 +43,10 @@ GradCase make_grad_case(Random& rng, GradScenario scenario, DType dtype, int64_t
 /// Runs a case on one runner into `out`, allocated here and poisoned first.
 Status run_grad(GradCase& c, const Runner& runner, FloatBuffer* out);
 
-/// Sizes (N, K, H) of the backward's comparisons across backends: single elements; K around the
-/// kernels' thresholds (8, 16, 32, 128: vector widths, bins, column tiles) with tails; model
-/// rows (7168: DeepSeek-V3, 4096: Qwen3 / Mixtral); a prime H.
+/// Sizes (N, K, H) of the backward's comparisons across backends (the CUDA tests, gpu_check, the
+/// C ABI against C++): a single element; K from 1 to 130, on and beside powers of two; H with and
+/// without a tail beyond multiples of 8, a prime (257), model rows (7168: deepseek-v3, 4096:
+/// qwen3-235b and mixtral).
 struct GradShape {
   int64_t num_rows, top_k, hidden;
 };
