@@ -34,7 +34,7 @@
  *     expanded_row_idx for expandedRowIdx, ...).
  *   - On any error no output tensor is written.
  *   - Tensors are dense and row-major (C-contiguous). Element offsets are 64-bit; index tensors
- *     are int32, so N*K must fit int32.
+ *     are int32, so N*K, and in drop-pad mode expertNum * expertCapacity, must fit int32.
  *
  * Thread safety: functions may be called concurrently from any threads. An executor or a tensor
  * handle may be used by one thread at a time; tensor handles that are only read (inputs) may be
@@ -361,7 +361,8 @@ mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecu
  * @param x              float32/float16/bfloat16 [N, H].
  * @param expertIdx      int32 [N, K].
  * @param activeNum      >= 0 (dropPadMode 0: 0 keeps every pair, A > 0 keeps min(A, N*K) rows).
- * @param expertCapacity C >= 0; dropPadMode 1 needs 1 <= C <= N (when N > 0).
+ * @param expertCapacity C >= 0; dropPadMode 1 needs 1 <= C <= N (when N > 0) and
+ *                       E*C <= 2^31 - 1 (slot numbers are int32).
  * @param expertNum      E >= 0; needed >= 1 by dropPadMode 1 and by the count outputs.
  * @param dropPadMode    0 (dropless) or 1 (drop-pad).
  * @param expertTokensCountOrCumsumFlag   0 (none), 1 (cumsum) or 2 (count); dropPadMode 0 only.
@@ -447,7 +448,8 @@ mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor*
  * @param topkWeightOptional  NULL, or float32 [N, K].
  * @param activeNum           -1 or 0: keep every routed pair; > 0: keep the first
  *                            min(activeNum, routed) sorted rows.
- * @param expertCapacity      C; dropPadMode 1 needs 1 <= C <= N (when N > 0); else ignored.
+ * @param expertCapacity      C; dropPadMode 1 needs 1 <= C <= N (when N > 0) and
+ *                            E*C <= 2^31 - 1 (int32 slot numbers); else ignored.
  * @param expertNum           E >= 1.
  * @param dropPadMode         0 (dropless) or 1 (drop-pad: needs quantMode -1, rowIdxType 0 and
  *                            the full expert range).
