@@ -33,6 +33,9 @@
  *     the CANN names shared by the C++ API, Python and docs (grad_expanded_x for gradExpandedX,
  *     expanded_row_idx for expandedRowIdx, ...).
  *   - On any error no output tensor is written.
+ *   - Every non-empty buffer must be aligned to its element size (2 bytes for float16/bfloat16, 4
+ *     for float32/int32, 8 for int64), and no output may share a byte with an input or another
+ *     output (inputs may share bytes); phase one refuses either with MR_ERROR_INVALID_ARGUMENT.
  *   - Tensors are dense and row-major (C-contiguous). Element offsets are 64-bit; index tensors
  *     are int32, so N*K, and in drop-pad mode expertNum * expertCapacity, must fit int32.
  *

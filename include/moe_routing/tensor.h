@@ -17,7 +17,9 @@ const char* device_name(Device device);
 
 constexpr int kMaxDims = 8;
 
-/// Non-owning, contiguous row-major. Inputs are read through it and never written.
+/// Non-owning, contiguous row-major. Inputs are read through it and never written. Every operator
+/// requires a non-empty tensor's data to be aligned to its element size, and no output to share a
+/// byte with an input or another output (invalid argument otherwise); inputs may share bytes.
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::float32;
