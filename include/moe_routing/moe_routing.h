@@ -25,7 +25,9 @@
  *   - Every function that returns mrStatus is safe to call with any argument values: it never
  *     throws, never aborts, and reports a NULL pointer where one is required as
  *     MR_ERROR_INVALID_ARGUMENT with a message naming the argument. (Pointers that are not NULL
- *     must point where the documentation says; a dangling handle cannot be detected.)
+ *     must point where the documentation says; a dangling tensor handle cannot be detected. An
+ *     executor handle can: one that phase two consumed or mrDestroyExecutor destroyed is
+ *     refused with MR_ERROR_INVALID_ARGUMENT wherever it is passed.)
  *   - When such a function fails, it stores the error's text as this thread's last error message
  *     (mrGetLastErrorMessage); a success leaves the message as it was (like errno), so cleaning
  *     up after a failure does not erase its explanation.
@@ -212,6 +214,12 @@ typedef struct mrTensorDesc {
  * it is freed by the phase-two call it is passed to, whatever that call returns. An executor
  * that will never run must be freed with mrDestroyExecutor. It refers to the tensors' buffers,
  * not to their handles.
+ *
+ * The handle is a serial number, not an address, and is never reused in a process: a handle
+ * that phase two consumed or mrDestroyExecutor destroyed (or that no phase one returned) is
+ * refused by every function with MR_ERROR_INVALID_ARGUMENT ("executor must be live ..."), never
+ * a crash. Two threads passing one executor to phase two at once: one runs it, the other gets
+ * that error.
  */
 typedef struct mrExecutor mrExecutor;
 
@@ -221,8 +229,9 @@ typedef void* mrStream;
 
 /**
  * Frees an executor that will not be run (after a successful phase one the caller owns it until
- * it is passed to phase two). NULL is a no-op. Never pass an executor that phase two consumed.
- * @return MR_SUCCESS.
+ * it is passed to phase two). NULL is a no-op.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for an executor that phase two consumed or that
+ *         was destroyed already (nothing is freed twice).
  */
 mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
 
@@ -237,8 +246,8 @@ mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
  *
  * @param executor  an executor not yet run; must not be NULL.
  * @param numerics  MR_NUMERICS_ATLAS_A2 or MR_NUMERICS_ASCEND_950.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL or an unknown numerics value. The
- *         executor is unchanged on failure.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor no longer live, or an
+ *         unknown numerics value. The executor is unchanged on failure.
  */
 mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) MR_NOEXCEPT;
 
@@ -250,8 +259,8 @@ mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) MR_NOEXCEPT;
  *
  * @param executor  a backward executor not yet run; must not be NULL.
  * @param order     MR_ACCUMULATION_TREE or MR_ACCUMULATION_SEQUENTIAL.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor of another operator, or an
- *         unknown order. The executor is unchanged on failure.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor no longer live or of
+ *         another operator, or an unknown order. The executor is unchanged on failure.
  */
 mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order) MR_NOEXCEPT;
 
@@ -333,8 +342,9 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
  * @param stream         CUDA tensors: the cudaStream_t the work is queued on (NULL: the default
  *                       stream); ignored for CPU tensors (pass NULL).
  * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
- *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, a
- *         NULL workspace with a non-zero size, or a workspaceSize below phase one's.
+ *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, one no longer live (already run or
+ *         destroyed), an executor of another operator, a NULL workspace with a non-zero size, or
+ *         a workspaceSize below phase one's.
  */
 mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                                 mrStream stream) MR_NOEXCEPT;
