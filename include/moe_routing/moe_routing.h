@@ -16,9 +16,10 @@
  *      values, computes, and frees the executor. On CPU tensors it allocates no memory: the
  *      forward operators' sort runs in the caller's workspace (the backward needs none: size 0).
  *      The thread count is the library default (mrSetNumThreads) at phase one, and the pool's
- *      threads are started there. On CUDA tensors (builds with the CUDA backend) the work is
- *      queued on `stream` and its scratch comes from the library's device memory pool
- *      (workspace size 0); see docs/cuda.md.
+ *      threads the call's work can use (no more) are started there: a thread the system refuses
+ *      is phase one's MR_ERROR_RUNTIME, naming the count. On CUDA tensors (builds with the CUDA
+ *      backend) the work is queued on `stream` and its scratch comes from the library's device
+ *      memory pool (workspace size 0); see docs/cuda.md.
  *   5. Destroy the tensor handles (mrDestroyTensor). The buffers remain the caller's.
  *
  * Conventions (every function):
@@ -155,6 +156,9 @@ enum {
 /** The most dimensions a tensor may have. */
 #define MR_MAX_DIMS 8
 
+/** The most CPU threads a call may use (mrSetNumThreads, MOE_ROUTING_NUM_THREADS). */
+#define MR_MAX_NUM_THREADS 1024
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tensors                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -267,10 +271,13 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
 /**
  * Sets the library-wide number of CPU threads the phases two of executors planned from now on
  * use (an executor keeps the count of its phase one). 0 restores the initial default:
- * the MOE_ROUTING_NUM_THREADS environment variable if set, else every core. The thread count
- * never changes a result bit.
- * @param numThreads  >= 0.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT when numThreads is negative.
+ * the MOE_ROUTING_NUM_THREADS environment variable if it is a whole number >= 1 (larger than
+ * MR_MAX_NUM_THREADS: MR_MAX_NUM_THREADS), else every core (at most MR_MAX_NUM_THREADS). The
+ * thread count never changes a result bit. No thread starts here: each phase one starts those
+ * its call's work can use (about one per 2 MiB of memory traffic), and the pool keeps them.
+ * @param numThreads  0 .. MR_MAX_NUM_THREADS.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT when numThreads is negative or above
+ *         MR_MAX_NUM_THREADS (the default is then unchanged).
  */
 mrStatus mrSetNumThreads(int32_t numThreads) MR_NOEXCEPT;
 
@@ -323,7 +330,8 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
  *                        set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
  *         build without the CUDA backend;
- *         MR_ERROR_RUNTIME when the executor cannot be allocated.
+ *         MR_ERROR_RUNTIME when the executor cannot be allocated or the system refuses a thread
+ *         the call needs.
  */
 mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
                                                 const mrTensor* expandedRowIdx, int64_t topK,
@@ -408,7 +416,8 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
  *         build without the CUDA backend;
- *         MR_ERROR_RUNTIME when the executor cannot be allocated.
+ *         MR_ERROR_RUNTIME when the executor cannot be allocated or the system refuses a thread
+ *         the call needs.
  */
 mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
     const mrTensor* x, const mrTensor* expertIdx, int64_t activeNum, int64_t expertCapacity,
@@ -503,7 +512,7 @@ mrStatus mrMoeInitRoutingInferShape(
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
  *         CUDA tensor in a build without the CUDA backend); MR_ERROR_RUNTIME when the executor
- *         cannot be allocated.
+ *         cannot be allocated or the system refuses a thread the call needs.
  */
 mrStatus mrMoeInitRoutingGetWorkspaceSize(
     const mrTensor* x, const mrTensor* expertIdx, const mrTensor* scaleOptional,

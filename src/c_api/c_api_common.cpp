@@ -8,6 +8,7 @@
 
 #include "c_api/c_api_internal.h"
 #include "core/thread_pool.h"
+#include "ops/guard.h"
 
 namespace moe_routing::c_api {
 namespace {
@@ -37,6 +38,7 @@ static_assert(MR_FLOAT32 == int(DType::float32) && MR_FLOAT16 == int(DType::floa
 static_assert(MR_DEVICE_CPU == int(Device::cpu) && MR_DEVICE_CUDA == int(Device::cuda),
               "mrDevice follows Device");
 static_assert(MR_MAX_DIMS == kMaxDims, "MR_MAX_DIMS follows kMaxDims");
+static_assert(MR_MAX_NUM_THREADS == kMaxNumThreads, "MR_MAX_NUM_THREADS follows kMaxNumThreads");
 static_assert(MR_NUMERICS_ATLAS_A2 == int(Numerics::atlas_a2) &&
                   MR_NUMERICS_ASCEND_950 == int(Numerics::ascend_950),
               "mrNumerics follows Numerics");
@@ -195,12 +197,13 @@ std::unique_ptr<Executor> new_executor(Executor::Operator op) {
   return planned;
 }
 
-void finish_phase_one(std::unique_ptr<Executor> planned, uint64_t needed, uint64_t* workspace_size,
-                      mrExecutor** executor) {
-  detail::reserve_threads(planned->num_threads);
+Status finish_phase_one(const char* op, std::unique_ptr<Executor> planned, uint64_t needed,
+                        int threads, uint64_t* workspace_size, mrExecutor** executor) {
+  MOE_ROUTING_RETURN_IF_ERROR(detail::start_threads(op, threads));
   planned->workspace_size = needed;
   *executor = ExecutorRegistry::instance().add(std::move(planned));
   *workspace_size = needed;
+  return Status::ok();
 }
 
 std::unique_ptr<Executor> take_executor(const mrExecutor* handle) noexcept {
@@ -362,13 +365,9 @@ mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
 mrStatus mrSetNumThreads(int32_t numThreads) noexcept {
   constexpr const char* kFunction = "mrSetNumThreads: ";
   return guard(kFunction, [&]() -> Status {
-    if (numThreads < 0)
-      return moe_routing::invalid_argument(kFunction,
-                                           "num_threads must be >= 0 (0 restores the "
-                                           "default), got ",
-                                           numThreads);
-    moe_routing::set_num_threads(numThreads);
-    return Status::ok();
+    MOE_ROUTING_RETURN_IF_ERROR(
+        moe_routing::detail::check_num_threads(kFunction, numThreads, "restores the default"));
+    return moe_routing::set_num_threads(numThreads);
   });
 }
 

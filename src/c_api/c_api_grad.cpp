@@ -66,8 +66,11 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
     MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_init_routing_grad(
         call.grad_expanded_x, call.expanded_row_idx, call.attrs, call.grad_x, planned->config(),
         &plan));
-    finish_phase_one(std::move(planned), 0, workspaceSize, executor);  // the backward needs none
-    return Status::ok();
+    const int threads = call.grad_x.device == moe_routing::Device::cpu
+                            ? moe_routing::detail::cpu_threads(plan, planned->num_threads)
+                            : 0;
+    // The backward needs no workspace.
+    return finish_phase_one(kOp, std::move(planned), 0, threads, workspaceSize, executor);
   });
 }
 

@@ -133,11 +133,12 @@ void reset_phase_one_outputs(uint64_t* workspace_size, mrExecutor** executor) no
 Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** executor);
 /// A new executor for `op`, its thread count fixed to the library default now.
 std::unique_ptr<Executor> new_executor(Executor::Operator op);
-/// Common end: records and reports the workspace size (`needed` bytes), starts the pool threads
-/// the call will use (so that phase two creates none), and registers the executor, handing its
-/// handle to the caller.
-void finish_phase_one(std::unique_ptr<Executor> planned, uint64_t needed, uint64_t* workspace_size,
-                      mrExecutor** executor);
+/// Common end: starts the pool threads the call will use (`threads`, from the operator's
+/// cpu_threads; 0 for CUDA tensors), so that phase two creates none and a refusal is reported
+/// here, then records and reports the workspace size (`needed` bytes) and registers the
+/// executor, handing its handle to the caller.
+Status finish_phase_one(const char* op, std::unique_ptr<Executor> planned, uint64_t needed,
+                        int threads, uint64_t* workspace_size, mrExecutor** executor);
 
 // Executor handles. A phase two, or mrDestroyExecutor, takes the executor out of the registry
 // before anything else (so it is consumed whatever happens next); a handle that names no live

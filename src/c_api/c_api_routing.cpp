@@ -147,13 +147,12 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
         call.x, call.expert_idx, call.attrs, call.expanded_x, call.expanded_row_idx,
         call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity, planned->config(),
         &plan));
-    // The CPU kernels' scratch; the CUDA backend takes its own from its pool.
+    // The CPU kernels' scratch and threads; the CUDA backend takes its scratch from its pool.
+    const bool cpu = call.x.device == moe_routing::Device::cpu;
     const uint64_t needed =
-        call.x.device == moe_routing::Device::cpu
-            ? moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads)
-            : 0;
-    finish_phase_one(std::move(planned), needed, workspaceSize, executor);
-    return Status::ok();
+        cpu ? moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads) : 0;
+    const int threads = cpu ? moe_routing::detail::cpu_threads(plan, planned->num_threads) : 0;
+    return finish_phase_one(kOpV2, std::move(planned), needed, threads, workspaceSize, executor);
   });
 }
 
@@ -243,13 +242,12 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
         call.x, call.expert_idx, call.scale, call.offset, call.topk_weight, call.attrs,
         call.expanded_x, call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
         call.expanded_scale, call.expanded_topk_weight, planned->config(), &plan));
-    // The CPU kernels' scratch; the CUDA backend takes its own from its pool.
+    // The CPU kernels' scratch and threads; the CUDA backend takes its scratch from its pool.
+    const bool cpu = call.x.device == moe_routing::Device::cpu;
     const uint64_t needed =
-        call.x.device == moe_routing::Device::cpu
-            ? moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads)
-            : 0;
-    finish_phase_one(std::move(planned), needed, workspaceSize, executor);
-    return Status::ok();
+        cpu ? moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads) : 0;
+    const int threads = cpu ? moe_routing::detail::cpu_threads(plan, planned->num_threads) : 0;
+    return finish_phase_one(kOp, std::move(planned), needed, threads, workspaceSize, executor);
   });
 }
 

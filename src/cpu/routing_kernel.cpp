@@ -426,9 +426,14 @@ uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
   return scratch_layout(problem, threads_for(problem, num_threads)).bytes;
 }
 
+int moe_init_routing_threads(const RoutingProblem& problem, int num_threads) {
+  return threads_for(problem, num_threads);
+}
+
 void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa isa,
                       void* workspace) {
   const int num_threads = threads_for(pr, requested_threads);
+  detail::reserve_threads(num_threads);
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   const ScratchLayout layout = scratch_layout(pr, num_threads);
   OwnedScratch owned;

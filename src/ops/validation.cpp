@@ -1,5 +1,7 @@
 #include "ops/validation.h"
 
+#include "core/thread_pool.h"
+
 #include <cstdint>
 
 namespace moe_routing::detail {
@@ -65,6 +67,8 @@ Status check_input(const char* op, const CallInput& input) {
 }
 
 Status check_execution(const char* op, Device device, const ExecConfig& config) {
+  MOE_ROUTING_RETURN_IF_ERROR(
+      check_num_threads(op, config.num_threads, "uses the library default"));
   if (!device_supported(device))
     return not_supported(op, "device must be cpu in this build, got ", device_name(device));
   if (device == Device::cuda) {

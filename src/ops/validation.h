@@ -33,9 +33,9 @@ struct CallOutput {
 ///     buffer is aligned to its element size;
 ///  2. each present input: a buffer unless empty, aligned to its element size unless empty;
 ///  3. check_no_overlap;
-///  4. where the call runs: the anchor's device must be one this build supports
-///     (device_supported), cuda tensors only with Backend::automatic, and a requested CPU ISA must
-///     be available.
+///  4. where the call runs: config.num_threads in [0, kMaxNumThreads]; the anchor's device must
+///     be one this build supports (device_supported), cuda tensors only with Backend::automatic,
+///     and a requested CPU ISA must be available.
 /// The first input is the anchor; every input's device was already checked against it by shape
 /// inference. A check that every operator needs (about buffers, their overlap or alignment)
 /// belongs here, once.

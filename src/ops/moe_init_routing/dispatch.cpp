@@ -5,6 +5,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "moe_routing/moe_init_routing.h"
+#include "ops/guard.h"
 #include "ops/moe_init_routing/meta.h"
 #include "params/moe_init_routing_problem.h"
 #include "reference/moe_init_routing.h"
@@ -21,27 +22,21 @@ using detail::RoutingProblem;
 constexpr const char* kOpV2 = "moe_init_routing_v2: ";
 constexpr const char* kOp = "moe_init_routing: ";
 
-/// Runs the problem on the configured backend. Backends allocate everything before writing, so
-/// an allocation failure leaves every output untouched. On a CUDA device, `reject_unrouted` (the
-/// V2 API) has the kernels check the expert ids the CPU path checked before building the problem.
+/// Runs the problem on the configured backend. Backends allocate everything and start their
+/// threads before writing, so a failure of either (run_guarded) leaves every output untouched.
+/// On a CUDA device, `reject_unrouted` (the V2 API) has the kernels check the expert ids the CPU
+/// path checked before building the problem.
 Status run(const char* op, const RoutingProblem& problem, const ExecConfig& config, Device device,
            bool reject_unrouted) {
 #if defined(MOE_ROUTING_HAVE_CUDA)
   if (device == Device::cuda)
     return cuda::moe_init_routing(op, problem, reject_unrouted, config.stream);
 #endif
-  static_cast<void>(device), static_cast<void>(reject_unrouted);
-  try {
-    if (config.backend == Backend::reference)
-      reference::moe_init_routing(problem);
-    else
-      cpu::moe_init_routing(problem, config.num_threads, config.isa, config.workspace);
-  } catch (const std::bad_alloc&) {
-    return runtime_error(op,
-                         "memory for the sort must be allocatable (about 12 bytes per pair), "
-                         "got an allocation failure for ",
-                         problem.pairs(), " pairs");
-  }
+  static_cast<void>(op), static_cast<void>(device), static_cast<void>(reject_unrouted);
+  if (config.backend == Backend::reference)
+    reference::moe_init_routing(problem);
+  else
+    cpu::moe_init_routing(problem, config.num_threads, config.isa, config.workspace);
   return Status::ok();
 }
 
@@ -68,12 +63,12 @@ uint64_t moe_init_routing_workspace_size(const MoeInitRoutingPlan& plan, int num
   return cpu::workspace_bytes(detail::routing_problem(plan), num_threads);
 }
 
-Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
-                           const MoeInitRoutingV2Attrs& attrs, const TensorView& expanded_x,
-                           const TensorView& expanded_row_idx,
-                           const TensorView& expert_tokens_count_or_cumsum,
-                           const TensorView& expert_tokens_before_capacity,
-                           const ExecConfig& config) {
+namespace {
+
+Status run_v2(const TensorView& x, const TensorView& expert_idx, const MoeInitRoutingV2Attrs& attrs,
+              const TensorView& expanded_x, const TensorView& expanded_row_idx,
+              const TensorView& expert_tokens_count_or_cumsum,
+              const TensorView& expert_tokens_before_capacity, const ExecConfig& config) {
   const char* op = kOpV2;
   MoeInitRoutingV2Plan plan;
   MOE_ROUTING_RETURN_IF_ERROR(detail::validate_moe_init_routing_v2(
@@ -100,13 +95,13 @@ Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
   return Status::ok();
 }
 
-Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const TensorView& scale,
-                        const TensorView& offset, const TensorView& topk_weight,
-                        const MoeInitRoutingAttrs& attrs, const TensorView& expanded_x,
-                        const TensorView& expanded_row_idx,
-                        const TensorView& expert_tokens_count_or_cumsum,
-                        const TensorView& expanded_scale, const TensorView& expanded_topk_weight,
-                        const ExecConfig& config) {
+Status run_routing(const TensorView& x, const TensorView& expert_idx, const TensorView& scale,
+                   const TensorView& offset, const TensorView& topk_weight,
+                   const MoeInitRoutingAttrs& attrs, const TensorView& expanded_x,
+                   const TensorView& expanded_row_idx,
+                   const TensorView& expert_tokens_count_or_cumsum,
+                   const TensorView& expanded_scale, const TensorView& expanded_topk_weight,
+                   const ExecConfig& config) {
   const char* op = kOp;
   MoeInitRoutingPlan plan;
   MOE_ROUTING_RETURN_IF_ERROR(detail::validate_moe_init_routing(
@@ -133,6 +128,34 @@ Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const
   MOE_ROUTING_RETURN_IF_ERROR(
       zero_if_not_produced(op, expanded_topk_weight, plan.expanded_topk_weight, config));
   return Status::ok();
+}
+
+}  // namespace
+
+Status moe_init_routing_v2(const TensorView& x, const TensorView& expert_idx,
+                           const MoeInitRoutingV2Attrs& attrs, const TensorView& expanded_x,
+                           const TensorView& expanded_row_idx,
+                           const TensorView& expert_tokens_count_or_cumsum,
+                           const TensorView& expert_tokens_before_capacity,
+                           const ExecConfig& config) {
+  return detail::run_guarded(kOpV2, [&] {
+    return run_v2(x, expert_idx, attrs, expanded_x, expanded_row_idx, expert_tokens_count_or_cumsum,
+                  expert_tokens_before_capacity, config);
+  });
+}
+
+Status moe_init_routing(const TensorView& x, const TensorView& expert_idx, const TensorView& scale,
+                        const TensorView& offset, const TensorView& topk_weight,
+                        const MoeInitRoutingAttrs& attrs, const TensorView& expanded_x,
+                        const TensorView& expanded_row_idx,
+                        const TensorView& expert_tokens_count_or_cumsum,
+                        const TensorView& expanded_scale, const TensorView& expanded_topk_weight,
+                        const ExecConfig& config) {
+  return detail::run_guarded(kOp, [&] {
+    return run_routing(x, expert_idx, scale, offset, topk_weight, attrs, expanded_x,
+                       expanded_row_idx, expert_tokens_count_or_cumsum, expanded_scale,
+                       expanded_topk_weight, config);
+  });
 }
 
 }  // namespace moe_routing

@@ -453,6 +453,14 @@ RoutingProblem routing_problem(const MoeInitRoutingPlan& plan) {
   return problem;
 }
 
+int cpu_threads(const MoeInitRoutingV2Plan& plan, int num_threads) {
+  return cpu::moe_init_routing_threads(routing_problem(plan), num_threads);
+}
+
+int cpu_threads(const MoeInitRoutingPlan& plan, int num_threads) {
+  return cpu::moe_init_routing_threads(routing_problem(plan), num_threads);
+}
+
 namespace {
 
 /// A caller's workspace (config.workspace) must hold what the CPU kernels need. `size_function`

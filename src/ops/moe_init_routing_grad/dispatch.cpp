@@ -2,6 +2,7 @@
 // backend.
 #include "cpu/cpu_backend.h"
 #include "moe_routing/moe_init_routing_grad.h"
+#include "ops/guard.h"
 #include "ops/moe_init_routing_grad/meta.h"
 #include "params/moe_init_routing_grad_problem.h"
 #include "reference/moe_init_routing_grad.h"
@@ -10,10 +11,11 @@
 #endif
 
 namespace moe_routing {
+namespace {
 
-Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView& expanded_row_idx,
-                             const MoeInitRoutingGradAttrs& attrs, const TensorView& grad_x,
-                             const ExecConfig& config) {
+Status run_grad(const TensorView& grad_expanded_x, const TensorView& expanded_row_idx,
+                const MoeInitRoutingGradAttrs& attrs, const TensorView& grad_x,
+                const ExecConfig& config) {
   detail::GradProblem problem;
   MOE_ROUTING_RETURN_IF_ERROR(detail::validate_moe_init_routing_grad(
       grad_expanded_x, expanded_row_idx, attrs, grad_x, config, &problem.plan));
@@ -34,6 +36,16 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
   else
     cpu::moe_init_routing_grad(problem, config.num_threads, config.isa);
   return Status::ok();
+}
+
+}  // namespace
+
+Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView& expanded_row_idx,
+                             const MoeInitRoutingGradAttrs& attrs, const TensorView& grad_x,
+                             const ExecConfig& config) {
+  return detail::run_guarded("moe_init_routing_grad: ", [&] {
+    return run_grad(grad_expanded_x, expanded_row_idx, attrs, grad_x, config);
+  });
 }
 
 }  // namespace moe_routing
