@@ -411,8 +411,8 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
  *        produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a tensor of the
  *        inferred shape (filled with zeros).
  * @param workspaceSize  receives the workspace size in bytes phase two needs (> 0: the sort's
- *                       scratch, about 12 bytes per pair plus per-expert and per-thread
- *                       counters); set to 0 on failure. Must not be NULL.
+ *                       scratch, about 12 bytes per pair plus a histogram per thread, and
+ *                       nothing per expert); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
  *         build without the CUDA backend;
@@ -507,8 +507,8 @@ mrStatus mrMoeInitRoutingInferShape(
  *        inferred when produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a
  *        tensor of the inferred shape (filled with zeros).
  * @param workspaceSize  receives the workspace size in bytes phase two needs (> 0: the sort's
- *                       scratch, about 12 bytes per pair plus per-expert and per-thread
- *                       counters); set to 0 on failure. Must not be NULL.
+ *                       scratch, about 12 bytes per pair plus a histogram per thread, and
+ *                       nothing per expert); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
  *         CUDA tensor in a build without the CUDA backend); MR_ERROR_RUNTIME when the executor

@@ -14,13 +14,15 @@ namespace moe_routing::cpu {
 
 /// The forward routing (both moe_init_routing_v2 and moe_init_routing):
 ///  1. keys: expert id - range start for routed pairs (parallel over positions);
-///  2. a stable counting sort of the positions (cpu/routing_sort.h), with per-expert totals;
+///  2. a stable counting sort of the positions (cpu/routing_sort.h);
 ///  3. expanded_row_idx and the rows (memcpy per row, or quantisation), parallel over
 ///     destination rows / slots, each written by exactly one thread;
-///  4. the counts, from the totals.
+///  4. the counts, from the runs of equal ids in the sorted order, straight into the output.
 /// Scratch: 2 * N*K 32-bit integers (3 * N*K when ids beyond 2^16 may need the radix passes)
-/// plus about threads * min(range, 2^16) + E + range 64-bit integers, all in one `workspace` of
-/// workspace_bytes(problem, num_threads) bytes (any alignment). With a null workspace the kernel
+/// plus about threads * min(range, 2^16) 64-bit integers, nothing per expert or per drop-pad
+/// slot (issue 17, item 7), all in one `workspace` of workspace_bytes(problem, num_threads)
+/// bytes (any alignment). Rows that hold nothing (RoutingProblem::writes_rows) are not visited.
+/// With a null workspace the kernel
 /// allocates it before the first output is written (std::bad_alloc leaves the outputs
 /// untouched); scratch up to a few MiB is kept per calling thread for the next call. With a
 /// workspace, the kernel allocates nothing.
