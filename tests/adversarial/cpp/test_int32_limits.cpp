@@ -35,6 +35,31 @@ struct OverflowingDropPad {
       if (b != 0x5A) return false;
     return true;
   }
+
+  /// Expects call(config), a C++ entry point on this case's tensors, to refuse with `expected` on
+  /// both host backends, writing nothing.
+  template <class Call>
+  void expect_refused(const Call& call, const std::string& expected) {
+    for (Backend backend : {Backend::reference, Backend::cpu}) {
+      ExecConfig config;
+      config.backend = backend;
+      const Status s = call(config);
+      EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+      EXPECT_EQ(s.message(), expected);
+      EXPECT_TRUE(untouched());
+    }
+  }
+
+  /// C-ABI handles of the four tensors.
+  struct Handles {
+    TensorHandle x, idx, out, row_idx;
+  };
+  Handles handles() {
+    return {tensor_handle(x.view().data, MR_FLOAT32, x.shape),
+            tensor_handle(expert_idx.view().data, MR_INT32, expert_idx.shape),
+            tensor_handle(expanded_x.view().data, MR_FLOAT32, expanded_x.shape),
+            tensor_handle(expanded_row_idx.view().data, MR_INT32, expanded_row_idx.shape)};
+  }
 };
 
 const std::string kSlotsMessage =
@@ -53,32 +78,25 @@ TEST(AdversarialInt32Limits, DropPadSlotsMustFitInt32V2) {
   Status s = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), attrs, &plan);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_EQ(s.message(), expected);
-  for (Backend backend : {Backend::reference, Backend::cpu}) {
-    ExecConfig config;
-    config.backend = backend;
-    s = moe_init_routing_v2(c.x.view(), c.expert_idx.view(), attrs, c.expanded_x.view(),
-                            c.expanded_row_idx.view(), TensorView(), TensorView(), config);
-    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
-    EXPECT_EQ(s.message(), expected);
-    EXPECT_TRUE(c.untouched());
-  }
+  c.expect_refused(
+      [&](const ExecConfig& config) {
+        return moe_init_routing_v2(c.x.view(), c.expert_idx.view(), attrs, c.expanded_x.view(),
+                                   c.expanded_row_idx.view(), TensorView(), TensorView(), config);
+      },
+      expected);
 
   // The C ABI: shape inference and phase one alike.
-  TensorHandle x = tensor_handle(c.x.view().data, MR_FLOAT32, c.x.shape);
-  TensorHandle idx = tensor_handle(c.expert_idx.view().data, MR_INT32, c.expert_idx.shape);
-  TensorHandle out = tensor_handle(c.expanded_x.view().data, MR_FLOAT32, c.expanded_x.shape);
-  TensorHandle row_idx =
-      tensor_handle(c.expanded_row_idx.view().data, MR_INT32, c.expanded_row_idx.shape);
+  const OverflowingDropPad::Handles h = c.handles();
   mrTensorDesc descs[4];
-  EXPECT_EQ(mrMoeInitRoutingV2InferShape(x.get(), idx.get(), 0, c.kCapacity, c.kExperts, 1, 0,
+  EXPECT_EQ(mrMoeInitRoutingV2InferShape(h.x.get(), h.idx.get(), 0, c.kCapacity, c.kExperts, 1, 0,
                                          false, &descs[0], &descs[1], &descs[2], &descs[3]),
             MR_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(mrGetLastErrorMessage(), expected);
   uint64_t workspace_size = 1;
   mrExecutor* executor = nullptr;
-  EXPECT_EQ(mrMoeInitRoutingV2GetWorkspaceSize(x.get(), idx.get(), 0, c.kCapacity, c.kExperts, 1, 0,
-                                               false, out.get(), row_idx.get(), nullptr, nullptr,
-                                               &workspace_size, &executor),
+  EXPECT_EQ(mrMoeInitRoutingV2GetWorkspaceSize(h.x.get(), h.idx.get(), 0, c.kCapacity, c.kExperts,
+                                               1, 0, false, h.out.get(), h.row_idx.get(), nullptr,
+                                               nullptr, &workspace_size, &executor),
             MR_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(mrGetLastErrorMessage(), expected);
   EXPECT_EQ(executor, nullptr);
@@ -99,34 +117,27 @@ TEST(AdversarialInt32Limits, DropPadSlotsMustFitInt32Routing) {
                                     TensorView(), attrs, &plan);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_EQ(s.message(), expected);
-  for (Backend backend : {Backend::reference, Backend::cpu}) {
-    ExecConfig config;
-    config.backend = backend;
-    s = moe_init_routing(c.x.view(), c.expert_idx.view(), TensorView(), TensorView(), TensorView(),
-                         attrs, c.expanded_x.view(), c.expanded_row_idx.view(), TensorView(),
-                         TensorView(), TensorView(), config);
-    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
-    EXPECT_EQ(s.message(), expected);
-    EXPECT_TRUE(c.untouched());
-  }
+  c.expect_refused(
+      [&](const ExecConfig& config) {
+        return moe_init_routing(c.x.view(), c.expert_idx.view(), TensorView(), TensorView(),
+                                TensorView(), attrs, c.expanded_x.view(), c.expanded_row_idx.view(),
+                                TensorView(), TensorView(), TensorView(), config);
+      },
+      expected);
 
-  TensorHandle x = tensor_handle(c.x.view().data, MR_FLOAT32, c.x.shape);
-  TensorHandle idx = tensor_handle(c.expert_idx.view().data, MR_INT32, c.expert_idx.shape);
-  TensorHandle out = tensor_handle(c.expanded_x.view().data, MR_FLOAT32, c.expanded_x.shape);
-  TensorHandle row_idx =
-      tensor_handle(c.expanded_row_idx.view().data, MR_INT32, c.expanded_row_idx.shape);
+  const OverflowingDropPad::Handles h = c.handles();
   mrTensorDesc descs[5];
-  EXPECT_EQ(mrMoeInitRoutingInferShape(x.get(), idx.get(), nullptr, nullptr, nullptr, -1,
+  EXPECT_EQ(mrMoeInitRoutingInferShape(h.x.get(), h.idx.get(), nullptr, nullptr, nullptr, -1,
                                        c.kCapacity, c.kExperts, 1, 0, false, -1, nullptr, 0, 0,
                                        &descs[0], &descs[1], &descs[2], &descs[3], &descs[4]),
             MR_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(mrGetLastErrorMessage(), expected);
   uint64_t workspace_size = 1;
   mrExecutor* executor = nullptr;
-  EXPECT_EQ(mrMoeInitRoutingGetWorkspaceSize(x.get(), idx.get(), nullptr, nullptr, nullptr, -1,
+  EXPECT_EQ(mrMoeInitRoutingGetWorkspaceSize(h.x.get(), h.idx.get(), nullptr, nullptr, nullptr, -1,
                                              c.kCapacity, c.kExperts, 1, 0, false, -1, nullptr, 0,
-                                             0, out.get(), row_idx.get(), nullptr, nullptr, nullptr,
-                                             &workspace_size, &executor),
+                                             0, h.out.get(), h.row_idx.get(), nullptr, nullptr,
+                                             nullptr, &workspace_size, &executor),
             MR_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(mrGetLastErrorMessage(), expected);
   EXPECT_EQ(executor, nullptr);
