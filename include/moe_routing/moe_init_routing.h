@@ -46,7 +46,8 @@ namespace moe_routing {
 struct MoeInitRoutingV2Attrs {
   /// >= 0. drop_pad_mode 0: 0 keeps every pair; A > 0 keeps the first min(A, N*K) sorted rows.
   int64_t active_num = 0;
-  /// C, >= 0; used (and required >= 1 and <= N when N > 0) by drop_pad_mode 1.
+  /// C, >= 0; used (and required >= 1 and <= N when N > 0) by drop_pad_mode 1, where E*C must
+  /// be at most 2^31 - 1 (slot numbers are int32).
   int64_t expert_capacity = 0;
   /// E, >= 0; required >= 1 by drop_pad_mode 1 and by count outputs. Expert ids must be < E
   /// wherever E is used (counts, drop-pad); they must be >= 0 always.
@@ -134,7 +135,8 @@ struct MoeInitRoutingAttrs {
   /// pairs) sorted rows (DECISIONS.md §12). Other negative values are rejected. Ignored (apart from
   /// that check) in drop_pad_mode 1, where expert_capacity limits the rows.
   int64_t active_num = -1;
-  /// C; drop_pad_mode 1 requires 1 <= C <= N (when N > 0); ignored in drop_pad_mode 0.
+  /// C; drop_pad_mode 1 requires 1 <= C <= N (when N > 0) and E*C <= 2^31 - 1 (int32 slot
+  /// numbers); ignored in drop_pad_mode 0.
   int64_t expert_capacity = -1;
   /// E, >= 1 (required: the torch default -1 is rejected).
   int64_t expert_num = -1;

@@ -16,16 +16,19 @@
  *      values, computes, and frees the executor. On CPU tensors it allocates no memory: the
  *      forward operators' sort runs in the caller's workspace (the backward needs none: size 0).
  *      The thread count is the library default (mrSetNumThreads) at phase one, and the pool's
- *      threads are started there. On CUDA tensors (builds with the CUDA backend) the work is
- *      queued on `stream` and its scratch comes from the library's device memory pool
- *      (workspace size 0); see docs/cuda.md.
+ *      threads the call's work can use (no more) are started there: a thread the system refuses
+ *      is phase one's MR_ERROR_RUNTIME, naming the count. On CUDA tensors (builds with the CUDA
+ *      backend) the work is queued on `stream` and its scratch comes from the library's device
+ *      memory pool (workspace size 0); see docs/cuda.md.
  *   5. Destroy the tensor handles (mrDestroyTensor). The buffers remain the caller's.
  *
  * Conventions (every function):
  *   - Every function that returns mrStatus is safe to call with any argument values: it never
  *     throws, never aborts, and reports a NULL pointer where one is required as
  *     MR_ERROR_INVALID_ARGUMENT with a message naming the argument. (Pointers that are not NULL
- *     must point where the documentation says; a dangling handle cannot be detected.)
+ *     must point where the documentation says; a dangling tensor handle cannot be detected. An
+ *     executor handle can: one that phase two consumed or mrDestroyExecutor destroyed is
+ *     refused with MR_ERROR_INVALID_ARGUMENT wherever it is passed.)
  *   - When such a function fails, it stores the error's text as this thread's last error message
  *     (mrGetLastErrorMessage); a success leaves the message as it was (like errno), so cleaning
  *     up after a failure does not erase its explanation.
@@ -33,8 +36,11 @@
  *     the CANN names shared by the C++ API, Python and docs (grad_expanded_x for gradExpandedX,
  *     expanded_row_idx for expandedRowIdx, ...).
  *   - On any error no output tensor is written.
+ *   - Every non-empty buffer must be aligned to its element size (2 bytes for float16/bfloat16, 4
+ *     for float32/int32, 8 for int64), and no output may share a byte with an input or another
+ *     output (inputs may share bytes); phase one refuses either with MR_ERROR_INVALID_ARGUMENT.
  *   - Tensors are dense and row-major (C-contiguous). Element offsets are 64-bit; index tensors
- *     are int32, so N*K must fit int32.
+ *     are int32, so N*K, and in drop-pad mode expertNum * expertCapacity, must fit int32.
  *
  * Thread safety: functions may be called concurrently from any threads. An executor or a tensor
  * handle may be used by one thread at a time; tensor handles that are only read (inputs) may be
@@ -150,6 +156,9 @@ enum {
 /** The most dimensions a tensor may have. */
 #define MR_MAX_DIMS 8
 
+/** The most CPU threads a call may use (mrSetNumThreads, MOE_ROUTING_NUM_THREADS). */
+#define MR_MAX_NUM_THREADS 1024
+
 /* ------------------------------------------------------------------------------------------ */
 /* Tensors                                                                                     */
 /* ------------------------------------------------------------------------------------------ */
@@ -209,6 +218,12 @@ typedef struct mrTensorDesc {
  * it is freed by the phase-two call it is passed to, whatever that call returns. An executor
  * that will never run must be freed with mrDestroyExecutor. It refers to the tensors' buffers,
  * not to their handles.
+ *
+ * The handle is a serial number, not an address, and is never reused in a process: a handle
+ * that phase two consumed or mrDestroyExecutor destroyed (or that no phase one returned) is
+ * refused by every function with MR_ERROR_INVALID_ARGUMENT ("executor must be live ..."), never
+ * a crash. Two threads passing one executor to phase two at once: one runs it, the other gets
+ * that error.
  */
 typedef struct mrExecutor mrExecutor;
 
@@ -218,8 +233,9 @@ typedef void* mrStream;
 
 /**
  * Frees an executor that will not be run (after a successful phase one the caller owns it until
- * it is passed to phase two). NULL is a no-op. Never pass an executor that phase two consumed.
- * @return MR_SUCCESS.
+ * it is passed to phase two). NULL is a no-op.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for an executor that phase two consumed or that
+ *         was destroyed already (nothing is freed twice).
  */
 mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
 
@@ -234,8 +250,8 @@ mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
  *
  * @param executor  an executor not yet run; must not be NULL.
  * @param numerics  MR_NUMERICS_ATLAS_A2 or MR_NUMERICS_ASCEND_950.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL or an unknown numerics value. The
- *         executor is unchanged on failure.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor no longer live, or an
+ *         unknown numerics value. The executor is unchanged on failure.
  */
 mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) MR_NOEXCEPT;
 
@@ -247,18 +263,21 @@ mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) MR_NOEXCEPT;
  *
  * @param executor  a backward executor not yet run; must not be NULL.
  * @param order     MR_ACCUMULATION_TREE or MR_ACCUMULATION_SEQUENTIAL.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor of another operator, or an
- *         unknown order. The executor is unchanged on failure.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT for NULL, an executor no longer live or of
+ *         another operator, or an unknown order. The executor is unchanged on failure.
  */
 mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order) MR_NOEXCEPT;
 
 /**
  * Sets the library-wide number of CPU threads the phases two of executors planned from now on
  * use (an executor keeps the count of its phase one). 0 restores the initial default:
- * the MOE_ROUTING_NUM_THREADS environment variable if set, else every core. The thread count
- * never changes a result bit.
- * @param numThreads  >= 0.
- * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT when numThreads is negative.
+ * the MOE_ROUTING_NUM_THREADS environment variable if it is a whole number >= 1 (larger than
+ * MR_MAX_NUM_THREADS: MR_MAX_NUM_THREADS), else every core (at most MR_MAX_NUM_THREADS). The
+ * thread count never changes a result bit. No thread starts here: each phase one starts those
+ * its call's work can use (about one per 2 MiB of memory traffic), and the pool keeps them.
+ * @param numThreads  0 .. MR_MAX_NUM_THREADS.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT when numThreads is negative or above
+ *         MR_MAX_NUM_THREADS (the default is then unchanged).
  */
 mrStatus mrSetNumThreads(int32_t numThreads) MR_NOEXCEPT;
 
@@ -311,7 +330,8 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
  *                        set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
  *         build without the CUDA backend;
- *         MR_ERROR_RUNTIME when the executor cannot be allocated.
+ *         MR_ERROR_RUNTIME when the executor cannot be allocated or the system refuses a thread
+ *         the call needs.
  */
 mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
                                                 const mrTensor* expandedRowIdx, int64_t topK,
@@ -330,8 +350,9 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
  * @param stream         CUDA tensors: the cudaStream_t the work is queued on (NULL: the default
  *                       stream); ignored for CPU tensors (pass NULL).
  * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
- *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, an executor of another operator, a
- *         NULL workspace with a non-zero size, or a workspaceSize below phase one's.
+ *         MR_ERROR_INVALID_ARGUMENT for a NULL executor, one no longer live (already run or
+ *         destroyed), an executor of another operator, a NULL workspace with a non-zero size, or
+ *         a workspaceSize below phase one's.
  */
 mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                                 mrStream stream) MR_NOEXCEPT;
@@ -361,7 +382,8 @@ mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecu
  * @param x              float32/float16/bfloat16 [N, H].
  * @param expertIdx      int32 [N, K].
  * @param activeNum      >= 0 (dropPadMode 0: 0 keeps every pair, A > 0 keeps min(A, N*K) rows).
- * @param expertCapacity C >= 0; dropPadMode 1 needs 1 <= C <= N (when N > 0).
+ * @param expertCapacity C >= 0; dropPadMode 1 needs 1 <= C <= N (when N > 0) and
+ *                       E*C <= 2^31 - 1 (slot numbers are int32).
  * @param expertNum      E >= 0; needed >= 1 by dropPadMode 1 and by the count outputs.
  * @param dropPadMode    0 (dropless) or 1 (drop-pad).
  * @param expertTokensCountOrCumsumFlag   0 (none), 1 (cumsum) or 2 (count); dropPadMode 0 only.
@@ -389,12 +411,13 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
  *        produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a tensor of the
  *        inferred shape (filled with zeros).
  * @param workspaceSize  receives the workspace size in bytes phase two needs (> 0: the sort's
- *                       scratch, about 12 bytes per pair plus per-expert and per-thread
- *                       counters); set to 0 on failure. Must not be NULL.
+ *                       scratch, about 12 bytes per pair plus a histogram per thread, and
+ *                       nothing per expert); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
  *         build without the CUDA backend;
- *         MR_ERROR_RUNTIME when the executor cannot be allocated.
+ *         MR_ERROR_RUNTIME when the executor cannot be allocated or the system refuses a thread
+ *         the call needs.
  */
 mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
     const mrTensor* x, const mrTensor* expertIdx, int64_t activeNum, int64_t expertCapacity,
@@ -447,7 +470,8 @@ mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor*
  * @param topkWeightOptional  NULL, or float32 [N, K].
  * @param activeNum           -1 or 0: keep every routed pair; > 0: keep the first
  *                            min(activeNum, routed) sorted rows.
- * @param expertCapacity      C; dropPadMode 1 needs 1 <= C <= N (when N > 0); else ignored.
+ * @param expertCapacity      C; dropPadMode 1 needs 1 <= C <= N (when N > 0) and
+ *                            E*C <= 2^31 - 1 (int32 slot numbers); else ignored.
  * @param expertNum           E >= 1.
  * @param dropPadMode         0 (dropless) or 1 (drop-pad: needs quantMode -1, rowIdxType 0 and
  *                            the full expert range).
@@ -483,12 +507,12 @@ mrStatus mrMoeInitRoutingInferShape(
  *        inferred when produced; otherwise NULL, a tensor with a NULL buffer (ignored), or a
  *        tensor of the inferred shape (filled with zeros).
  * @param workspaceSize  receives the workspace size in bytes phase two needs (> 0: the sort's
- *                       scratch, about 12 bytes per pair plus per-expert and per-thread
- *                       counters); set to 0 on failure. Must not be NULL.
+ *                       scratch, about 12 bytes per pair plus a histogram per thread, and
+ *                       nothing per expert); set to 0 on failure. Must not be NULL.
  * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
  * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED (quantMode 2..17, a
  *         CUDA tensor in a build without the CUDA backend); MR_ERROR_RUNTIME when the executor
- *         cannot be allocated.
+ *         cannot be allocated or the system refuses a thread the call needs.
  */
 mrStatus mrMoeInitRoutingGetWorkspaceSize(
     const mrTensor* x, const mrTensor* expertIdx, const mrTensor* scaleOptional,

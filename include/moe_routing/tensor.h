@@ -7,6 +7,7 @@
 #include <string>
 
 #include "moe_routing/dtype.h"
+#include "moe_routing/status.h"
 
 namespace moe_routing {
 
@@ -17,7 +18,9 @@ const char* device_name(Device device);
 
 constexpr int kMaxDims = 8;
 
-/// Non-owning, contiguous row-major. Inputs are read through it and never written.
+/// Non-owning, contiguous row-major. Inputs are read through it and never written. Every operator
+/// requires a non-empty tensor's data to be aligned to its element size, and no output to share a
+/// byte with an input or another output (invalid argument otherwise); inputs may share bytes.
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::float32;
@@ -87,9 +90,18 @@ bool cpu_isa_available(CpuIsa isa);
 /// The ISA `automatic` resolves to on this machine.
 CpuIsa best_cpu_isa();
 
+/// The most CPU threads a call may use (the calling thread included): ExecConfig::num_threads,
+/// set_num_threads and MOE_ROUTING_NUM_THREADS are bounded by it. Far above any core count the
+/// kernels scale to, and low enough that a mistyped count cannot ask the system for millions of
+/// threads.
+constexpr int kMaxNumThreads = 1024;
+
 struct ExecConfig {
   Backend backend = Backend::automatic;
-  /// CPU threads for this call; 0 = the library default (see set_num_threads).
+  /// CPU threads for this call, 0 .. kMaxNumThreads; 0 = the library default (see
+  /// set_num_threads). A call starts only as many as its work can use (about one per 2 MiB of
+  /// memory traffic), when it first needs them, and keeps them in a pool for later calls; a
+  /// thread the system refuses to start is a runtime error naming the count.
   int num_threads = 0;
   CpuIsa isa = CpuIsa::automatic;
   /// CUDA tensors only: the cudaStream_t (as void*) the work is queued on; null = the default
@@ -103,9 +115,12 @@ struct ExecConfig {
   uint64_t workspace_bytes = 0;
 };
 
-/// Library-wide default thread count for CPU kernels. 0 restores the initial default: the
-/// MOE_ROUTING_NUM_THREADS environment variable if set, else every core.
-void set_num_threads(int num_threads);
+/// Library-wide default thread count for CPU kernels, 0 .. kMaxNumThreads (invalid argument
+/// otherwise, and the default stays). 0 restores the initial default: the
+/// MOE_ROUTING_NUM_THREADS environment variable if it is a whole number >= 1 (larger than
+/// kMaxNumThreads: kMaxNumThreads), else every core (at most kMaxNumThreads). No thread is
+/// started here: calls start what their work can use.
+Status set_num_threads(int num_threads);
 int get_num_threads();
 
 /// A parallel loop supplied by the host application: runs task(context, begin, end) on at most

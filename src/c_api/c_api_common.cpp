@@ -4,9 +4,11 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "c_api/c_api_internal.h"
 #include "core/thread_pool.h"
+#include "ops/guard.h"
 
 namespace moe_routing::c_api {
 namespace {
@@ -36,6 +38,7 @@ static_assert(MR_FLOAT32 == int(DType::float32) && MR_FLOAT16 == int(DType::floa
 static_assert(MR_DEVICE_CPU == int(Device::cpu) && MR_DEVICE_CUDA == int(Device::cuda),
               "mrDevice follows Device");
 static_assert(MR_MAX_DIMS == kMaxDims, "MR_MAX_DIMS follows kMaxDims");
+static_assert(MR_MAX_NUM_THREADS == kMaxNumThreads, "MR_MAX_NUM_THREADS follows kMaxNumThreads");
 static_assert(MR_NUMERICS_ATLAS_A2 == int(Numerics::atlas_a2) &&
                   MR_NUMERICS_ASCEND_950 == int(Numerics::ascend_950),
               "mrNumerics follows Numerics");
@@ -90,6 +93,47 @@ Status make_view(const int64_t* shape, uint64_t ndim, mrDataType dtype, mrDevice
   *view = result;
   return Status::ok();
 }
+
+/// The live executors by handle. A handle is a serial number (shifted, so that a caller who
+/// dereferences one faults at once instead of reading an Executor); 2^60 serials are never
+/// exhausted, so no handle is ever reused in a process. Never destroyed: a static destructor at
+/// exit would race with executors still in use on other threads.
+class ExecutorRegistry {
+ public:
+  static ExecutorRegistry& instance() {
+    static ExecutorRegistry* registry = new ExecutorRegistry();
+    return *registry;
+  }
+
+  mrExecutor* add(std::unique_ptr<Executor> executor) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const mrExecutor* handle = reinterpret_cast<const mrExecutor*>(uintptr_t(++serial_) << 4);
+    live_.emplace(handle, std::move(executor));
+    return const_cast<mrExecutor*>(handle);
+  }
+
+  std::unique_ptr<Executor> take(const mrExecutor* handle) noexcept {
+    if (handle == nullptr) return nullptr;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = live_.find(handle);
+    if (found == live_.end()) return nullptr;
+    std::unique_ptr<Executor> executor = std::move(found->second);
+    live_.erase(found);
+    return executor;
+  }
+
+  LockedExecutor find(const mrExecutor* handle) {
+    LockedExecutor result{std::unique_lock<std::mutex>(mutex_)};
+    const auto found = live_.find(handle);
+    if (found != live_.end()) result.executor = found->second.get();
+    return result;
+  }
+
+ private:
+  std::mutex mutex_;
+  uint64_t serial_ = 0;
+  std::unordered_map<const mrExecutor*, std::unique_ptr<Executor>> live_;
+};
 
 }  // namespace
 
@@ -146,27 +190,47 @@ Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** ex
   return require_non_null(op, "executor", executor);
 }
 
-std::unique_ptr<mrExecutor> new_executor(mrExecutor::Operator op) {
-  auto planned = std::make_unique<mrExecutor>();
+std::unique_ptr<Executor> new_executor(Executor::Operator op) {
+  auto planned = std::make_unique<Executor>();
   planned->op = op;
   planned->num_threads = detail::resolve_num_threads(0);
   return planned;
 }
 
-void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t needed,
-                      uint64_t* workspace_size, mrExecutor** executor) {
-  detail::reserve_threads(planned->num_threads);
+Status finish_phase_one(const char* op, std::unique_ptr<Executor> planned, uint64_t needed,
+                        int threads, uint64_t* workspace_size, mrExecutor** executor) {
+  MOE_ROUTING_RETURN_IF_ERROR(detail::start_threads(op, threads));
   planned->workspace_size = needed;
+  *executor = ExecutorRegistry::instance().add(std::move(planned));
   *workspace_size = needed;
-  *executor = planned.release();
+  return Status::ok();
 }
 
-Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExecutor* executor,
-                       const void* workspace, uint64_t workspace_size) {
+std::unique_ptr<Executor> take_executor(const mrExecutor* handle) noexcept {
+  return ExecutorRegistry::instance().take(handle);
+}
+
+LockedExecutor find_executor(const mrExecutor* handle) {
+  return ExecutorRegistry::instance().find(handle);
+}
+
+Status require_live_executor(const char* function, const mrExecutor* handle,
+                             const Executor* found) {
+  MOE_ROUTING_RETURN_IF_ERROR(require_non_null(function, "executor", handle));
+  if (found == nullptr)
+    return invalid_argument(function,
+                            "executor must be live (made by a phase one, and neither run by a "
+                            "phase two nor destroyed since), got one that is not (already run, "
+                            "destroyed, or never made)");
+  return Status::ok();
+}
+
+Status begin_phase_two(const char* op, Executor::Operator op_kind, const mrExecutor* handle,
+                       const Executor* executor, const void* workspace, uint64_t workspace_size) {
   static const char* const kMadeBy[] = {"mrMoeInitRoutingV2GradGetWorkspaceSize",
                                         "mrMoeInitRoutingV2GetWorkspaceSize",
                                         "mrMoeInitRoutingGetWorkspaceSize"};
-  MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, "executor", executor));
+  MOE_ROUTING_RETURN_IF_ERROR(require_live_executor(op, handle, executor));
   if (executor->op != op_kind)
     return invalid_argument(op, "executor must come from ", kMadeBy[int(op_kind)],
                             ", got one from ", kMadeBy[int(executor->op)]);
@@ -190,11 +254,14 @@ mrTensor::mrTensor(const moe_routing::TensorView& view_) : view(view_) {
   moe_routing::c_api::tensor_count.fetch_add(1);
 }
 mrTensor::~mrTensor() { moe_routing::c_api::tensor_count.fetch_sub(1); }
-mrExecutor::mrExecutor() { moe_routing::c_api::executor_count.fetch_add(1); }
-mrExecutor::~mrExecutor() { moe_routing::c_api::executor_count.fetch_sub(1); }
 
-moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_bytes,
-                                           mrStream stream) const {
+namespace moe_routing::c_api {
+
+Executor::Executor() { executor_count.fetch_add(1); }
+Executor::~Executor() { executor_count.fetch_sub(1); }
+
+moe_routing::ExecConfig Executor::config(void* workspace, uint64_t workspace_bytes,
+                                         mrStream stream) const {
   moe_routing::ExecConfig config;
   config.num_threads = num_threads;
   config.workspace = workspace;
@@ -203,7 +270,10 @@ moe_routing::ExecConfig mrExecutor::config(void* workspace, uint64_t workspace_b
   return config;
 }
 
+}  // namespace moe_routing::c_api
+
 using moe_routing::Status;
+using moe_routing::c_api::Executor;
 using moe_routing::c_api::guard;
 using moe_routing::c_api::require_non_null;
 
@@ -238,17 +308,21 @@ mrStatus mrDestroyTensor(mrTensor* tensor) noexcept {
 }
 
 mrStatus mrDestroyExecutor(mrExecutor* executor) noexcept {
-  return guard("mrDestroyExecutor: ", [&]() -> Status {
-    delete executor;
-    return Status::ok();
+  constexpr const char* kFunction = "mrDestroyExecutor: ";
+  std::unique_ptr<Executor> owned = moe_routing::c_api::take_executor(executor);
+  return guard(kFunction, [&]() -> Status {
+    if (executor == nullptr) return Status::ok();
+    return moe_routing::c_api::require_live_executor(kFunction, executor, owned.get());
   });
 }
 
 mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order) noexcept {
   constexpr const char* kFunction = "mrSetAccumulationOrder: ";
   return guard(kFunction, [&]() -> Status {
-    MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kFunction, "executor", executor));
-    if (executor->op != mrExecutor::Operator::moe_init_routing_grad)
+    const moe_routing::c_api::LockedExecutor found = moe_routing::c_api::find_executor(executor);
+    MOE_ROUTING_RETURN_IF_ERROR(
+        moe_routing::c_api::require_live_executor(kFunction, executor, found.executor));
+    if (found.executor->op != Executor::Operator::moe_init_routing_grad)
       return moe_routing::invalid_argument(
           kFunction,
           "executor must come from mrMoeInitRoutingV2GradGetWorkspaceSize (the order "
@@ -258,7 +332,7 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
                                            "order must be MR_ACCUMULATION_TREE (0) or "
                                            "MR_ACCUMULATION_SEQUENTIAL (1), got ",
                                            order);
-    executor->grad.attrs.order = moe_routing::AccumulationOrder(order);
+    found.executor->grad.attrs.order = moe_routing::AccumulationOrder(order);
     return Status::ok();
   });
 }
@@ -266,19 +340,23 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
 mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
   constexpr const char* kFunction = "mrSetNumerics: ";
   return guard(kFunction, [&]() -> Status {
-    MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kFunction, "executor", executor));
+    const moe_routing::c_api::LockedExecutor found = moe_routing::c_api::find_executor(executor);
+    MOE_ROUTING_RETURN_IF_ERROR(
+        moe_routing::c_api::require_live_executor(kFunction, executor, found.executor));
     if (!moe_routing::is_valid_numerics(numerics))
       return moe_routing::invalid_argument(kFunction,
                                            "numerics must be MR_NUMERICS_ATLAS_A2 (0) or "
                                            "MR_NUMERICS_ASCEND_950 (1), got ",
                                            numerics);
     const moe_routing::Numerics chosen = moe_routing::Numerics(numerics);
-    switch (executor->op) {
-      case mrExecutor::Operator::moe_init_routing_grad:
-        executor->grad.attrs.numerics = chosen;
+    switch (found.executor->op) {
+      case Executor::Operator::moe_init_routing_grad:
+        found.executor->grad.attrs.numerics = chosen;
         break;
-      case mrExecutor::Operator::moe_init_routing: executor->routing.attrs.numerics = chosen; break;
-      case mrExecutor::Operator::moe_init_routing_v2: break;  // no numerics-dependent arithmetic
+      case Executor::Operator::moe_init_routing:
+        found.executor->routing.attrs.numerics = chosen;
+        break;
+      case Executor::Operator::moe_init_routing_v2: break;  // no numerics-dependent arithmetic
     }
     return Status::ok();
   });
@@ -287,13 +365,9 @@ mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
 mrStatus mrSetNumThreads(int32_t numThreads) noexcept {
   constexpr const char* kFunction = "mrSetNumThreads: ";
   return guard(kFunction, [&]() -> Status {
-    if (numThreads < 0)
-      return moe_routing::invalid_argument(kFunction,
-                                           "num_threads must be >= 0 (0 restores the "
-                                           "default), got ",
-                                           numThreads);
-    moe_routing::set_num_threads(numThreads);
-    return Status::ok();
+    MOE_ROUTING_RETURN_IF_ERROR(
+        moe_routing::detail::check_num_threads(kFunction, numThreads, "restores the default"));
+    return moe_routing::set_num_threads(numThreads);
   });
 }
 

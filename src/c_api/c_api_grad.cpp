@@ -11,7 +11,7 @@ constexpr const char* kOp = "moe_init_routing_grad: ";
 
 /// The NULL checks of the inputs and the core's shape inference.
 Status plan_grad(const mrTensor* grad_expanded_x, const mrTensor* expanded_row_idx, int64_t top_k,
-                 int64_t drop_pad_mode, int64_t active_num, mrExecutor::Grad* call,
+                 int64_t drop_pad_mode, int64_t active_num, Executor::Grad* call,
                  MoeInitRoutingGradPlan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "grad_expanded_x", grad_expanded_x));
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "expanded_row_idx", expanded_row_idx));
@@ -37,7 +37,7 @@ mrStatus mrMoeInitRoutingV2GradInferShape(const mrTensor* gradExpandedX,
                                           int64_t dropPadMode, int64_t activeNum,
                                           mrTensorDesc* out) noexcept {
   return guard(kOp, [&]() -> Status {
-    mrExecutor::Grad call;
+    Executor::Grad call;
     moe_routing::MoeInitRoutingGradPlan plan;
     MOE_ROUTING_RETURN_IF_ERROR(
         plan_grad(gradExpandedX, expandedRowIdx, topK, dropPadMode, activeNum, &call, &plan));
@@ -55,8 +55,8 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
   reset_phase_one_outputs(workspaceSize, executor);
   return guard(kOp, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_one(kOp, workspaceSize, executor));
-    auto planned = new_executor(mrExecutor::Operator::moe_init_routing_grad);
-    mrExecutor::Grad& call = planned->grad;
+    auto planned = new_executor(Executor::Operator::moe_init_routing_grad);
+    Executor::Grad& call = planned->grad;
     moe_routing::MoeInitRoutingGradPlan plan;
     MOE_ROUTING_RETURN_IF_ERROR(
         plan_grad(gradExpandedX, expandedRowIdx, topK, dropPadMode, activeNum, &call, &plan));
@@ -66,18 +66,21 @@ mrStatus mrMoeInitRoutingV2GradGetWorkspaceSize(const mrTensor* gradExpandedX,
     MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_init_routing_grad(
         call.grad_expanded_x, call.expanded_row_idx, call.attrs, call.grad_x, planned->config(),
         &plan));
-    finish_phase_one(std::move(planned), 0, workspaceSize, executor);  // the backward needs none
-    return Status::ok();
+    const int threads = call.grad_x.device == moe_routing::Device::cpu
+                            ? moe_routing::detail::cpu_threads(plan, planned->num_threads)
+                            : 0;
+    // The backward needs no workspace.
+    return finish_phase_one(kOp, std::move(planned), 0, threads, workspaceSize, executor);
   });
 }
 
 mrStatus mrMoeInitRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                                 mrStream stream) noexcept {
-  std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
+  std::unique_ptr<Executor> owned = take_executor(executor);  // consumed, whatever happens
   return guard(kOp, [&]() -> Status {
-    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, mrExecutor::Operator::moe_init_routing_grad,
-                                                owned.get(), workspace, workspaceSize));
-    const mrExecutor::Grad& call = owned->grad;
+    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, Executor::Operator::moe_init_routing_grad,
+                                                executor, owned.get(), workspace, workspaceSize));
+    const Executor::Grad& call = owned->grad;
     return moe_routing::moe_init_routing_grad(call.grad_expanded_x, call.expanded_row_idx,
                                               call.attrs, call.grad_x,
                                               owned->config(workspace, workspaceSize, stream));

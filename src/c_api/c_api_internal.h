@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <new>
 
 #include "moe_routing/moe_init_routing.h"
@@ -25,14 +26,17 @@ struct mrTensor {
   moe_routing::TensorView view;
 };
 
+namespace moe_routing::c_api {
+
 /// A planned call: copies of the tensor views (not the handles) and the attributes, so the
 /// handles may be destroyed between the phases. One struct for the three operators; `op` says
-/// which members are in use.
-struct mrExecutor {
-  mrExecutor();
-  ~mrExecutor();
-  mrExecutor(const mrExecutor&) = delete;
-  mrExecutor& operator=(const mrExecutor&) = delete;
+/// which members are in use. The caller never sees its address: an mrExecutor* is a serial
+/// number the registry (c_api_common.cpp) maps to the Executor while it is live.
+struct Executor {
+  Executor();
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   enum class Operator : int32_t { moe_init_routing_grad, moe_init_routing_v2, moe_init_routing };
   Operator op = Operator::moe_init_routing_grad;
@@ -64,8 +68,6 @@ struct mrExecutor {
     moe_routing::MoeInitRoutingAttrs attrs;
   } routing;
 };
-
-namespace moe_routing::c_api {
 
 /// Stores a failure's text as this thread's last error (a success leaves it) and returns the code.
 /// Never throws: the text is copied into a fixed thread-local buffer.
@@ -130,16 +132,39 @@ void reset_phase_one_outputs(uint64_t* workspace_size, mrExecutor** executor) no
 /// Inside the barrier: the out-parameters must be given.
 Status begin_phase_one(const char* op, uint64_t* workspace_size, mrExecutor** executor);
 /// A new executor for `op`, its thread count fixed to the library default now.
-std::unique_ptr<mrExecutor> new_executor(mrExecutor::Operator op);
-/// Common end: records and reports the workspace size (`needed` bytes), starts the pool threads
-/// the call will use (so that phase two creates none), and hands the executor to the caller.
-void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t needed,
-                      uint64_t* workspace_size, mrExecutor** executor);
+std::unique_ptr<Executor> new_executor(Executor::Operator op);
+/// Common end: starts the pool threads the call will use (`threads`, from the operator's
+/// cpu_threads; 0 for CUDA tensors), so that phase two creates none and a refusal is reported
+/// here, then records and reports the workspace size (`needed` bytes) and registers the
+/// executor, handing its handle to the caller.
+Status finish_phase_one(const char* op, std::unique_ptr<Executor> planned, uint64_t needed,
+                        int threads, uint64_t* workspace_size, mrExecutor** executor);
 
-/// Common checks of every phase two: a non-NULL executor made for `op_kind`, and a workspace
-/// of at least the size phase one reported. The executor is owned by the caller's unique_ptr
-/// meanwhile.
-Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExecutor* executor,
-                       const void* workspace, uint64_t workspace_size);
+// Executor handles. A phase two, or mrDestroyExecutor, takes the executor out of the registry
+// before anything else (so it is consumed whatever happens next); a handle that names no live
+// executor - run or destroyed already, or never made - is then found out and reported instead of
+// freeing or reading freed memory (issue 17, item 3). Handles are never reused in a process, so a
+// stale one cannot reach a newer executor.
+
+/// Removes the executor of `handle` from the registry and returns it; null when `handle` is NULL
+/// or names no live executor.
+std::unique_ptr<Executor> take_executor(const mrExecutor* handle) noexcept;
+
+/// A live executor, locked against every other registry operation while this object exists (the
+/// setters modify it so); `executor` is null when the handle names none.
+struct LockedExecutor {
+  std::unique_lock<std::mutex> lock;
+  Executor* executor = nullptr;
+};
+LockedExecutor find_executor(const mrExecutor* handle);
+
+/// invalid_argument: `function`'s executor is NULL or names no live executor (`found` null).
+Status require_live_executor(const char* function, const mrExecutor* handle, const Executor* found);
+
+/// Common checks of every phase two: a live executor (taken by the caller with take_executor
+/// before its exception barrier) made for `op_kind`, and a workspace of at least the size phase
+/// one reported.
+Status begin_phase_two(const char* op, Executor::Operator op_kind, const mrExecutor* handle,
+                       const Executor* executor, const void* workspace, uint64_t workspace_size);
 
 }  // namespace moe_routing::c_api

@@ -17,7 +17,7 @@ constexpr const char* kOp = "moe_init_routing: ";
 
 Status plan_v2(const mrTensor* x, const mrTensor* expert_idx, int64_t active_num,
                int64_t expert_capacity, int64_t expert_num, int64_t drop_pad_mode,
-               int64_t count_flag, bool before_capacity_flag, mrExecutor::RoutingV2* call,
+               int64_t count_flag, bool before_capacity_flag, Executor::RoutingV2* call,
                MoeInitRoutingV2Plan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOpV2, "x", x));
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOpV2, "expert_idx", expert_idx));
@@ -48,7 +48,7 @@ struct RoutingScalars {
 
 Status plan_routing(const mrTensor* x, const mrTensor* expert_idx, const mrTensor* scale,
                     const mrTensor* offset, const mrTensor* topk_weight, const RoutingScalars& s,
-                    mrExecutor::Routing* call, MoeInitRoutingPlan* plan) {
+                    Executor::Routing* call, MoeInitRoutingPlan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "x", x));
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "expert_idx", expert_idx));
   call->x = x->view;
@@ -98,7 +98,7 @@ mrStatus mrMoeInitRoutingV2InferShape(const mrTensor* x, const mrTensor* expertI
                                       mrTensorDesc* expertTokensCountOrCumsumOut,
                                       mrTensorDesc* expertTokensBeforeCapacityOut) noexcept {
   return guard(kOpV2, [&]() -> Status {
-    mrExecutor::RoutingV2 call;
+    Executor::RoutingV2 call;
     moe_routing::MoeInitRoutingV2Plan plan;
     MOE_ROUTING_RETURN_IF_ERROR(plan_v2(x, expertIdx, activeNum, expertCapacity, expertNum,
                                         dropPadMode, expertTokensCountOrCumsumFlag,
@@ -126,8 +126,8 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
   reset_phase_one_outputs(workspaceSize, executor);
   return guard(kOpV2, [&]() -> Status {
     MOE_ROUTING_RETURN_IF_ERROR(begin_phase_one(kOpV2, workspaceSize, executor));
-    auto planned = new_executor(mrExecutor::Operator::moe_init_routing_v2);
-    mrExecutor::RoutingV2& call = planned->v2;
+    auto planned = new_executor(Executor::Operator::moe_init_routing_v2);
+    Executor::RoutingV2& call = planned->v2;
     moe_routing::MoeInitRoutingV2Plan plan;
     MOE_ROUTING_RETURN_IF_ERROR(plan_v2(x, expertIdx, activeNum, expertCapacity, expertNum,
                                         dropPadMode, expertTokensCountOrCumsumFlag,
@@ -147,23 +147,22 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
         call.x, call.expert_idx, call.attrs, call.expanded_x, call.expanded_row_idx,
         call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity, planned->config(),
         &plan));
-    // The CPU kernels' scratch; the CUDA backend takes its own from its pool.
+    // The CPU kernels' scratch and threads; the CUDA backend takes its scratch from its pool.
+    const bool cpu = call.x.device == moe_routing::Device::cpu;
     const uint64_t needed =
-        call.x.device == moe_routing::Device::cpu
-            ? moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads)
-            : 0;
-    finish_phase_one(std::move(planned), needed, workspaceSize, executor);
-    return Status::ok();
+        cpu ? moe_routing::moe_init_routing_v2_workspace_size(plan, planned->num_threads) : 0;
+    const int threads = cpu ? moe_routing::detail::cpu_threads(plan, planned->num_threads) : 0;
+    return finish_phase_one(kOpV2, std::move(planned), needed, threads, workspaceSize, executor);
   });
 }
 
 mrStatus mrMoeInitRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                             mrStream stream) noexcept {
-  std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
+  std::unique_ptr<Executor> owned = take_executor(executor);  // consumed, whatever happens
   return guard(kOpV2, [&]() -> Status {
-    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOpV2, mrExecutor::Operator::moe_init_routing_v2,
-                                                owned.get(), workspace, workspaceSize));
-    const mrExecutor::RoutingV2& call = owned->v2;
+    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOpV2, Executor::Operator::moe_init_routing_v2,
+                                                executor, owned.get(), workspace, workspaceSize));
+    const Executor::RoutingV2& call = owned->v2;
     return moe_routing::moe_init_routing_v2(
         call.x, call.expert_idx, call.attrs, call.expanded_x, call.expanded_row_idx,
         call.expert_tokens_count_or_cumsum, call.expert_tokens_before_capacity,
@@ -184,7 +183,7 @@ mrStatus mrMoeInitRoutingInferShape(
                                  dropPadMode, expertTokensNumType, expertTokensNumFlag,
                                  quantMode,   activeExpertRange,   activeExpertRangeLength,
                                  rowIdxType};
-    mrExecutor::Routing call;
+    Executor::Routing call;
     moe_routing::MoeInitRoutingPlan plan;
     MOE_ROUTING_RETURN_IF_ERROR(plan_routing(x, expertIdx, scaleOptional, offsetOptional,
                                              topkWeightOptional, scalars, &call, &plan));
@@ -222,8 +221,8 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
                                  dropPadMode, expertTokensNumType, expertTokensNumFlag,
                                  quantMode,   activeExpertRange,   activeExpertRangeLength,
                                  rowIdxType};
-    auto planned = new_executor(mrExecutor::Operator::moe_init_routing);
-    mrExecutor::Routing& call = planned->routing;
+    auto planned = new_executor(Executor::Operator::moe_init_routing);
+    Executor::Routing& call = planned->routing;
     moe_routing::MoeInitRoutingPlan plan;
     MOE_ROUTING_RETURN_IF_ERROR(plan_routing(x, expertIdx, scaleOptional, offsetOptional,
                                              topkWeightOptional, scalars, &call, &plan));
@@ -243,23 +242,22 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
         call.x, call.expert_idx, call.scale, call.offset, call.topk_weight, call.attrs,
         call.expanded_x, call.expanded_row_idx, call.expert_tokens_count_or_cumsum,
         call.expanded_scale, call.expanded_topk_weight, planned->config(), &plan));
-    // The CPU kernels' scratch; the CUDA backend takes its own from its pool.
+    // The CPU kernels' scratch and threads; the CUDA backend takes its scratch from its pool.
+    const bool cpu = call.x.device == moe_routing::Device::cpu;
     const uint64_t needed =
-        call.x.device == moe_routing::Device::cpu
-            ? moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads)
-            : 0;
-    finish_phase_one(std::move(planned), needed, workspaceSize, executor);
-    return Status::ok();
+        cpu ? moe_routing::moe_init_routing_workspace_size(plan, planned->num_threads) : 0;
+    const int threads = cpu ? moe_routing::detail::cpu_threads(plan, planned->num_threads) : 0;
+    return finish_phase_one(kOp, std::move(planned), needed, threads, workspaceSize, executor);
   });
 }
 
 mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                           mrStream stream) noexcept {
-  std::unique_ptr<mrExecutor> owned(executor);  // consumed, whatever happens below
+  std::unique_ptr<Executor> owned = take_executor(executor);  // consumed, whatever happens
   return guard(kOp, [&]() -> Status {
-    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, mrExecutor::Operator::moe_init_routing,
+    MOE_ROUTING_RETURN_IF_ERROR(begin_phase_two(kOp, Executor::Operator::moe_init_routing, executor,
                                                 owned.get(), workspace, workspaceSize));
-    const mrExecutor::Routing& call = owned->routing;
+    const Executor::Routing& call = owned->routing;
     return moe_routing::moe_init_routing(call.x, call.expert_idx, call.scale, call.offset,
                                          call.topk_weight, call.attrs, call.expanded_x,
                                          call.expanded_row_idx, call.expert_tokens_count_or_cumsum,

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -13,13 +15,12 @@
 namespace moe_routing {
 namespace {
 
+std::atomic<bool> refuse_thread_starts{false};
+
 int initial_default_threads() {
-  if (const char* env = std::getenv("MOE_ROUTING_NUM_THREADS")) {
-    int value = std::atoi(env);
-    if (value > 0) return value;
-  }
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : int(hw);
+  const unsigned hw = std::thread::hardware_concurrency();
+  const int cores = hw == 0 ? 1 : int(std::min<unsigned>(hw, unsigned(kMaxNumThreads)));
+  return detail::num_threads_from_env(std::getenv("MOE_ROUTING_NUM_THREADS"), cores);
 }
 
 std::atomic<ParallelForFn>& parallel_backend() {
@@ -56,7 +57,13 @@ class ThreadPool {
       fn(0, num_tasks);
       return;
     }
-    ensure_workers(int(pieces) - 1);
+    // The backends reserved their threads before writing; should the system refuse one anyway,
+    // the pieces are shared among the threads there are.
+    pieces = std::min<int64_t>(pieces, int64_t(start_workers(int(pieces) - 1, nullptr)) + 1);
+    if (pieces <= 1) {
+      fn(0, num_tasks);
+      return;
+    }
     {
       // A worker still inside the previous job's piece loop would take its next piece from the
       // counters reset below (running a piece twice and unbalancing pending_); wait until every
@@ -84,8 +91,14 @@ class ThreadPool {
   }
 
   void reserve(int num_threads) {
-    std::lock_guard<std::mutex> busy(dispatch_mutex_);
-    ensure_workers(num_threads - 1);
+    std::string refusal;
+    const int workers = start_workers(num_threads - 1, &refusal);
+    if (workers < num_threads - 1) throw detail::ThreadStartError(num_threads, workers, refusal);
+  }
+
+  int workers() {
+    std::lock_guard<std::mutex> lock(workers_mutex_);
+    return int(workers_.size());
   }
 
  private:
@@ -100,8 +113,21 @@ class ThreadPool {
     if (--pending_ == 0) done_.notify_all();
   }
 
-  void ensure_workers(int count) {
-    while (int(workers_.size()) < count) workers_.emplace_back([this] { worker_loop(); });
+  /// Starts workers until there are `count`; returns how many there are, fewer only when the
+  /// system refused one (then *refusal, if given, says why). A worker started while a job runs
+  /// joins from the next job on (worker_loop), so this need not wait for the job.
+  int start_workers(int count, std::string* refusal) {
+    std::lock_guard<std::mutex> lock(workers_mutex_);
+    while (int(workers_.size()) < count) {
+      try {
+        if (refuse_thread_starts.load()) throw std::system_error(EAGAIN, std::generic_category());
+        workers_.emplace_back([this] { worker_loop(); });
+      } catch (const std::system_error& error) {
+        if (refusal != nullptr) *refusal = error.what();
+        break;
+      }
+    }
+    return int(workers_.size());
   }
 
   void worker_loop() {
@@ -131,6 +157,7 @@ class ThreadPool {
   }
 
   std::mutex dispatch_mutex_;
+  std::mutex workers_mutex_;  // guards workers_
   std::mutex mutex_;
   std::condition_variable wake_;
   std::condition_variable done_;
@@ -146,8 +173,11 @@ class ThreadPool {
 
 }  // namespace
 
-void set_num_threads(int num_threads) {
+Status set_num_threads(int num_threads) {
+  MOE_ROUTING_RETURN_IF_ERROR(
+      detail::check_num_threads("set_num_threads: ", num_threads, "restores the default"));
   default_threads().store(num_threads > 0 ? num_threads : initial_default_threads());
+  return Status::ok();
 }
 
 int get_num_threads() { return default_threads().load(); }
@@ -163,13 +193,40 @@ namespace detail {
 
 int resolve_num_threads(int requested) { return requested > 0 ? requested : get_num_threads(); }
 
+Status check_num_threads(const char* function, int64_t num_threads, const char* zero) {
+  if (num_threads < 0)
+    return invalid_argument(function, "num_threads must be >= 0 (0 ", zero, "), got ", num_threads);
+  if (num_threads > kMaxNumThreads)
+    return invalid_argument(function, "num_threads must be at most ", kMaxNumThreads,
+                            " (the library's bound on threads per call), got ", num_threads);
+  return Status::ok();
+}
+
+int num_threads_from_env(const char* text, int fallback) {
+  if (text == nullptr) return fallback;
+  errno = 0;
+  char* end = nullptr;
+  const long long value = std::strtoll(text, &end, 10);
+  while (end != text && (*end == ' ' || *end == '\t')) ++end;
+  if (end == text || *end != '\0' || value < 1) return fallback;
+  if (errno == ERANGE || value > kMaxNumThreads) return kMaxNumThreads;
+  return int(value);
+}
+
 int threads_for_bytes(int threads, int64_t bytes) {
   const int64_t useful = bytes / backend_min_bytes_per_thread().load(std::memory_order_relaxed);
   if (useful < 1) return 1;
   return useful < threads ? int(useful) : threads;
 }
 
-void reserve_threads(int num_threads) { ThreadPool::instance().reserve(num_threads); }
+void reserve_threads(int num_threads) {
+  if (num_threads <= 1 || parallel_backend().load(std::memory_order_relaxed) != nullptr) return;
+  ThreadPool::instance().reserve(num_threads);
+}
+
+int pool_workers_for_testing() { return ThreadPool::instance().workers(); }
+
+void refuse_thread_starts_for_testing(bool refuse) { refuse_thread_starts.store(refuse); }
 
 void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn) {
   if (num_threads > 1 && num_tasks > 1) {

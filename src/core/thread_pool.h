@@ -5,13 +5,36 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
+
+#include "moe_routing/status.h"
 
 namespace moe_routing::detail {
 
 /// The thread count a call runs with: `requested` if > 0, else the library default.
 int resolve_num_threads(int requested);
+
+/// invalid_argument unless 0 <= num_threads <= kMaxNumThreads. `function` prefixes the message,
+/// `zero` says what 0 means to the caller ("restores the default", "uses the library default").
+Status check_num_threads(const char* function, int64_t num_threads, const char* zero);
+
+/// The library default a MOE_ROUTING_NUM_THREADS value gives: a whole number >= 1 (surrounding
+/// blanks allowed), at most kMaxNumThreads (larger ones give kMaxNumThreads); anything else,
+/// null included, gives `fallback`.
+int num_threads_from_env(const char* text, int fallback);
+
+/// Thrown by reserve_threads when the system refuses to start a worker thread (std::thread's
+/// std::system_error: EAGAIN under a limit on processes, say). The workers started before stay.
+class ThreadStartError : public std::runtime_error {
+ public:
+  ThreadStartError(int num_threads_, int workers_, const std::string& reason)
+      : std::runtime_error(reason), num_threads(num_threads_), workers(workers_) {}
+  int num_threads;  // the thread count the call asked for (num_threads - 1 workers)
+  int workers;      // the workers the pool had when the system refused the next one
+};
 
 /// Work smaller than this per thread is not worth waking one of the built-in pool's threads for.
 /// Measured on a 2-vCPU VM, where handing half of a job to a sleeping vCPU (wake-up, and the data
@@ -43,14 +66,26 @@ class RangeFn {
   void (*call_)(const void*, int64_t, int64_t);
 };
 
-/// Starts the pool's worker threads for calls with up to `num_threads` threads now, so that later
-/// calls create none (thread creation allocates). parallel_for starts them on first need anyway.
+/// Starts the pool's worker threads for calls with up to `num_threads` threads (num_threads - 1
+/// workers; the caller is the other), unless they run already, so that the call creates none
+/// while it writes its outputs (thread creation allocates, and may fail). Every CPU backend call
+/// reserves the threads its work can use before it writes anything, and the C ABI's phase one
+/// reserves those of its call (so that phase two creates none). Nothing to do while a host loop
+/// is installed (set_parallel_backend). Throws ThreadStartError when the system refuses a thread,
+/// std::bad_alloc when memory runs out; never blocks on a running job.
 void reserve_threads(int num_threads);
 
 /// Calls fn(begin, end) on contiguous pieces covering [0, num_tasks), using up to `num_threads`
 /// threads (the caller's included). Returns when every piece is done. When the pool is busy with
 /// another call (concurrent or nested use) the work runs inline on the calling thread. With a
 /// host loop installed (set_parallel_backend) every multi-threaded call goes to the host instead.
+/// Never fails for want of threads: if the system refuses one, the pieces run on those there are
+/// (results do not depend on the split).
 void parallel_for(int64_t num_tasks, int num_threads, RangeFn fn);
+
+/// Test hooks: the pool's worker count, and a switch that makes the pool treat every thread start
+/// as refused by the system (as std::thread reports EAGAIN).
+int pool_workers_for_testing();
+void refuse_thread_starts_for_testing(bool refuse);
 
 }  // namespace moe_routing::detail

@@ -14,20 +14,28 @@ namespace moe_routing::cpu {
 
 /// The forward routing (both moe_init_routing_v2 and moe_init_routing):
 ///  1. keys: expert id - range start for routed pairs (parallel over positions);
-///  2. a stable counting sort of the positions (cpu/routing_sort.h), with per-expert totals;
+///  2. a stable counting sort of the positions (cpu/routing_sort.h);
 ///  3. expanded_row_idx and the rows (memcpy per row, or quantisation), parallel over
 ///     destination rows / slots, each written by exactly one thread;
-///  4. the counts, from the totals.
+///  4. the counts, from the runs of equal ids in the sorted order, straight into the output.
 /// Scratch: 2 * N*K 32-bit integers (3 * N*K when ids beyond 2^16 may need the radix passes)
-/// plus about threads * min(range, 2^16) + E + range 64-bit integers, all in one `workspace` of
-/// workspace_bytes(problem, num_threads) bytes (any alignment). With a null workspace the kernel
+/// plus about threads * min(range, 2^16) 64-bit integers, nothing per expert or per drop-pad
+/// slot (issue 17, item 7), all in one `workspace` of workspace_bytes(problem, num_threads)
+/// bytes (any alignment). Rows that hold nothing (RoutingProblem::writes_rows) are not visited.
+/// With a null workspace the kernel
 /// allocates it before the first output is written (std::bad_alloc leaves the outputs
 /// untouched); scratch up to a few MiB is kept per calling thread for the next call. With a
 /// workspace, the kernel allocates nothing.
-/// `num_threads`: the most threads to use (0 = the library default); small jobs use fewer.
+/// `num_threads`: the most threads to use (0 = the library default); small jobs use fewer
+/// (moe_init_routing_threads), and those are started (detail::reserve_threads: it throws
+/// ThreadStartError) before anything is written.
 /// `isa`: automatic or an ISA that cpu_isa_available() reports (the caller checked it).
 void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, CpuIsa isa,
                       void* workspace);
+
+/// The threads moe_init_routing runs `problem` on, given `num_threads` (0 = the library
+/// default): fewer for work too small to share (kernels never use more than that).
+int moe_init_routing_threads(const detail::RoutingProblem& problem, int num_threads);
 
 /// The workspace size moe_init_routing needs for `problem` with `num_threads` (as there): an
 /// upper bound from the sizes and attributes only (never the data), so it can be asked before the
@@ -35,9 +43,12 @@ void moe_init_routing(const detail::RoutingProblem& problem, int num_threads, Cp
 uint64_t workspace_bytes(const detail::RoutingProblem& problem, int num_threads);
 
 /// moe_init_routing_grad: units of (output row, column tile) in parallel, each output element's
-/// addends summed in the plan's order (cpu/grad_kernel_impl.h). Allocates nothing. The problem
-/// has at least one output element (the entry point returns before otherwise). Arguments as for
-/// moe_init_routing.
+/// addends summed in the plan's order (cpu/grad_kernel_impl.h). Allocates nothing but the
+/// threads it reserves first. The problem has at least one output element (the entry point
+/// returns before otherwise). Arguments as for moe_init_routing.
 void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa);
+
+/// The threads moe_init_routing_grad runs a call of `plan` on (as moe_init_routing_threads).
+int moe_init_routing_grad_threads(const MoeInitRoutingGradPlan& plan, int num_threads);
 
 }  // namespace moe_routing::cpu

@@ -1,14 +1,29 @@
 // The CPU backend of moe_init_routing_grad: the thread count, the tiling into units of work, the
 // instruction set, the parallel loop. The kernels themselves are grad_kernel_<isa>.cpp.
 #include "cpu/grad_kernel.h"
+
+#include <limits>
+
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "cpu/cpu_backend.h"
 
 namespace moe_routing::cpu {
 
+int moe_init_routing_grad_threads(const MoeInitRoutingGradPlan& plan, int num_threads) {
+  const int64_t element = int64_t(dtype_size(plan.dtype));
+  // Saturates instead of overflowing (no rows: any hidden size is valid).
+  const double bytes =
+      double(plan.num_rows) * double(plan.top_k) * (double(plan.hidden) * double(element) + 4);
+  return detail::threads_for_bytes(
+      detail::resolve_num_threads(num_threads),
+      bytes >= 9.2e18 ? std::numeric_limits<int64_t>::max() : int64_t(bytes));
+}
+
 void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa) {
   const MoeInitRoutingGradPlan& plan = problem.plan;
+  const int threads = moe_init_routing_grad_threads(plan, num_threads);
+  detail::reserve_threads(threads);
   GradKernelArgs args;
   args.grad_expanded_x = problem.grad_expanded_x;
   args.expanded_row_idx = problem.expanded_row_idx;
@@ -18,8 +33,6 @@ void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, 
   args.bins = plan.order == AccumulationOrder::tree ? tree_shape(plan.top_k).bins : 1;
   const int64_t element = int64_t(dtype_size(plan.dtype));
   args.stream_output = plan.num_rows * plan.hidden * element >= detail::streaming_store_threshold();
-  const int64_t bytes = plan.num_rows * plan.top_k * (plan.hidden * element + 4);
-  const int threads = detail::threads_for_bytes(detail::resolve_num_threads(num_threads), bytes);
   args.tile_width = grad_unit_width(plan, threads);
   args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();

@@ -237,35 +237,98 @@ class RowWriter {
   bool stream_;  // non-temporal stores for plain copies and zero rows
 };
 
-/// source(d) gives the pair of destination row d (or -1); rows [0, rows) are written in parallel.
-template <DType kDtype, class Source>
+/// make_source(d0) gives a callable source(d): the pair of destination row d (or -1), asked for
+/// ascending d from d0 (each parallel piece makes its own, so a source may keep a cursor); rows
+/// [first, rows) are written in parallel.
+template <DType kDtype, class MakeSource>
 void write_rows_as(const RoutingProblem& pr, const quantize::StaticParams& static_params,
-                   int64_t first, int64_t rows, int num_threads, bool avx2, const Source& source) {
+                   int64_t first, int64_t rows, int num_threads, bool avx2,
+                   const MakeSource& make_source) {
   const RowWriter<kDtype> writer(pr, static_params, avx2, streams_expanded_x(pr));
   parallel_range(rows - first, num_threads, [&](int64_t begin, int64_t end) {
     DefaultFloatEnvironment float_environment;
+    auto source = make_source(first + begin);
     for (int64_t d = first + begin; d < first + end; ++d) writer.write(d, source(d));
     stream_fence();
   });
 }
 
-/// Writes rows [first, rows) (see RowWriter::write), in parallel.
-template <class Source>
+/// Writes rows [first, rows) (see RowWriter::write), in parallel; nothing when a row holds
+/// nothing (RoutingProblem::writes_rows), however many rows there are.
+template <class MakeSource>
 void write_rows(const RoutingProblem& pr, const quantize::StaticParams& static_params,
-                int64_t first, int64_t rows, int num_threads, bool avx2, const Source& source) {
-  if (first >= rows) return;
+                int64_t first, int64_t rows, int num_threads, bool avx2,
+                const MakeSource& make_source) {
+  if (first >= rows || !pr.writes_rows()) return;
   switch (pr.x_dtype) {
     case DType::float16:
-      write_rows_as<DType::float16>(pr, static_params, first, rows, num_threads, avx2, source);
+      write_rows_as<DType::float16>(pr, static_params, first, rows, num_threads, avx2, make_source);
       break;
     case DType::bfloat16:
-      write_rows_as<DType::bfloat16>(pr, static_params, first, rows, num_threads, avx2, source);
+      write_rows_as<DType::bfloat16>(pr, static_params, first, rows, num_threads, avx2,
+                                     make_source);
       break;
     default:  // float32, and int8 (quant_mode -1 only: a byte copy)
-      write_rows_as<DType::float32>(pr, static_params, first, rows, num_threads, avx2, source);
+      write_rows_as<DType::float32>(pr, static_params, first, rows, num_threads, avx2, make_source);
       break;
   }
 }
+
+/// A source for write_rows that is the same function for every piece.
+template <class Source>
+auto same_source(const Source& source) {
+  return [&source](int64_t) { return source; };
+}
+
+/// The key (id - range start) of the d-th routed pair in sorted order.
+inline int64_t sorted_key(const RoutingProblem& pr, const int32_t* sorted, int64_t d) {
+  return int64_t(pr.expert_idx[sorted[d]]) - pr.range_start;
+}
+
+/// The first position of sorted[lo, hi) whose key is >= `key` (hi if none), searched from lo by
+/// galloping: O(log distance), so a cursor moving forward through the runs pays for the distance
+/// it moves, not for the whole array.
+int64_t first_at_least(const RoutingProblem& pr, const int32_t* sorted, int64_t lo, int64_t hi,
+                       int64_t key) {
+  if (lo >= hi || sorted_key(pr, sorted, lo) >= key) return lo;
+  int64_t step = 1;  // invariant: the key at lo is < key
+  while (lo + step < hi && sorted_key(pr, sorted, lo + step) < key) {
+    lo += step;
+    step *= 2;
+  }
+  const int64_t end = std::min(lo + step, hi);
+  return std::lower_bound(
+             sorted + lo + 1, sorted + end, key,
+             [&](int32_t p, int64_t k) { return int64_t(pr.expert_idx[p]) - pr.range_start < k; }) -
+         sorted;
+}
+
+/// The pair in each drop-pad slot, for slots asked in ascending order: the c-th pair of expert e
+/// in the sorted order fills slot e*C + c when c < C; -1 for an empty slot. It keeps no table per
+/// expert (expert_num may be 2^31 - 1 with few experts routed): an expert's run is found when its
+/// first slot is asked for, and at most C of its pairs are looked at.
+class SlotPairs {
+ public:
+  SlotPairs(const RoutingProblem& pr, const int32_t* sorted, int64_t routed)
+      : pr_(pr), sorted_(sorted), routed_(routed) {}
+  int64_t operator()(int64_t slot) {
+    const int64_t C = pr_.expert_capacity, e = slot / C, c = slot - e * C;
+    if (e != expert_) {
+      expert_ = e;
+      run_ = first_at_least(pr_, sorted_, run_, routed_, e);
+      kept_ = 0;
+      while (kept_ < C && run_ + kept_ < routed_ && sorted_key(pr_, sorted_, run_ + kept_) == e)
+        ++kept_;
+    }
+    return c < kept_ ? sorted_[run_ + c] : -1;
+  }
+
+ private:
+  const RoutingProblem& pr_;
+  const int32_t* sorted_;
+  int64_t routed_;
+  int64_t expert_ = -1, run_ = 0, kept_ = 0;  // the expert asked last, its run and kept pairs
+};
 
 /// quant_mode -1: copies x[i] to expanded_x[dest[p]] for each pair p = i*K + t with a row
 /// (dropless: dest < rows_with_data; drop-pad: dest >= 0), with its scale and topk_weight. Each
@@ -276,6 +339,7 @@ void scatter_rows(const RoutingProblem& pr, const int32_t* dest, int64_t rows_wi
   const size_t row_bytes = size_t(H) * dtype_size(pr.x_dtype);
   const bool stream = streams_expanded_x(pr);
   const int64_t limit = pr.drop_pad ? pr.expanded_rows : rows_with_data;
+  if (!pr.writes_rows()) return;
   parallel_range(pr.num_rows, num_threads, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const char* source = static_cast<const char*>(pr.x) + size_t(i) * row_bytes;
@@ -300,29 +364,46 @@ void write_count(const RoutingProblem& pr, int64_t index, int64_t value) {
     static_cast<int64_t*>(pr.counts)[index] = value;
 }
 
-void write_counts(const RoutingProblem& pr, const int64_t* totals) {
+/// Calls fn(key, begin, end) for each run of equal keys in sorted[0, routed), in ascending key.
+template <class Fn>
+void for_each_run(const RoutingProblem& pr, const int32_t* sorted, int64_t routed, const Fn& fn) {
+  for (int64_t begin = 0, end; begin < routed; begin = end) {
+    const int64_t key = sorted_key(pr, sorted, begin);
+    for (end = begin + 1; end < routed && sorted_key(pr, sorted, end) == key; ++end) {
+    }
+    fn(key, begin, end);
+  }
+}
+
+/// The counts, from the runs of the sorted order straight into the output: no scratch per
+/// expert, so a call with 2^31 - 1 experts and a few pairs needs none (issue 17, item 7).
+void write_counts(const RoutingProblem& pr, const int32_t* sorted, int64_t routed) {
   const int64_t range = pr.range_end - pr.range_start;
   switch (pr.count_format) {
     case CountFormat::none: return;
     case CountFormat::cumsum: {
-      int64_t running = 0;
-      for (int64_t j = 0; j < range; ++j) {
-        running += totals[j];
-        write_count(pr, j, running);
-      }
+      int64_t next = 0;  // the first key not written yet
+      for_each_run(pr, sorted, routed, [&](int64_t key, int64_t begin, int64_t end) {
+        for (; next < key; ++next) write_count(pr, next, begin);  // `begin` pairs have lower keys
+        write_count(pr, key, end);
+        next = key + 1;
+      });
+      for (; next < range; ++next) write_count(pr, next, routed);
       return;
     }
     case CountFormat::count:
-      for (int64_t j = 0; j < range; ++j) write_count(pr, j, totals[j]);
+      std::memset(pr.counts, 0, size_t(range) * dtype_size(pr.count_dtype));
+      for_each_run(pr, sorted, routed, [&](int64_t key, int64_t begin, int64_t end) {
+        write_count(pr, key, end - begin);
+      });
       return;
     case CountFormat::key_value: {
       int64_t row = 0;
-      for (int64_t j = 0; j < range; ++j) {
-        if (totals[j] == 0) continue;
-        write_count(pr, 2 * row, pr.range_start + j);
-        write_count(pr, 2 * row + 1, totals[j]);
+      for_each_run(pr, sorted, routed, [&](int64_t key, int64_t begin, int64_t end) {
+        write_count(pr, 2 * row, pr.range_start + key);
+        write_count(pr, 2 * row + 1, end - begin);
         ++row;
-      }
+      });
       if (row < pr.expert_num)
         std::memset(static_cast<int64_t*>(pr.counts) + 2 * row, 0,
                     size_t(pr.expert_num - row) * 2 * sizeof(int64_t));
@@ -333,11 +414,13 @@ void write_counts(const RoutingProblem& pr, const int64_t* totals) {
 
 /// Where each scratch array lives in the workspace (byte offsets from a 64-byte aligned base).
 /// Sizes depend on the problem's sizes and attributes and the thread count, never on the data:
-/// whatever the expert ids turn out to be, the kernel fits.
+/// whatever the expert ids turn out to be, the kernel fits. Nothing is sized by expert_num or the
+/// expert range (the counts and the drop-pad slots come from the runs of the sorted order), so
+/// the scratch is O(pairs + threads * 2^16) whatever expert_num is.
 struct ScratchLayout {
   int64_t blocks = 1;           // blocks of the key pass
   bool radix_possible = false;  // a sort may need the radix passes (then `scratch` is needed)
-  uint64_t keys = 0, order = 0, scratch = 0, block_max = 0, totals = 0, first = 0, offsets = 0;
+  uint64_t keys = 0, order = 0, scratch = 0, block_max = 0, offsets = 0;
   uint64_t bytes = 0;  // including the slack to align an arbitrary base
 };
 
@@ -347,8 +430,8 @@ ScratchLayout scratch_layout(const RoutingProblem& pr, int num_threads) {
   ScratchLayout layout;
   const int64_t P = pr.pairs();
   layout.blocks = std::max<int64_t>(1, std::min<int64_t>(num_threads, P / 16384));
-  // The key range of the main sort: the whole expert range when counts are written, else up to
-  // the largest routed key + 1 (ids are int32, so at most 2^32 keys either way).
+  // The key range of the main sort: up to the largest routed key + 1, at most the expert range
+  // (ids are int32, so at most 2^32 keys).
   const uint64_t range =
       uint64_t(std::min<int64_t>(pr.range_end - pr.range_start, int64_t(1) << 32));
   const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;  // may sort any int32 ids
@@ -364,8 +447,6 @@ ScratchLayout scratch_layout(const RoutingProblem& pr, int num_threads) {
   layout.order = region(uint64_t(P) * sizeof(int32_t));
   layout.scratch = region(layout.radix_possible ? uint64_t(P) * sizeof(int32_t) : 0);
   layout.block_max = region(uint64_t(layout.blocks) * 2 * sizeof(int64_t));
-  layout.totals = region(pr.needs_counts() ? range * sizeof(int64_t) : 0);
-  layout.first = region(pr.drop_pad ? uint64_t(pr.expert_num) * sizeof(int64_t) : 0);
   layout.offsets =
       region(uint64_t(sort_offsets_entries(P, max_range, num_threads)) * sizeof(int64_t));
   layout.bytes = at + kScratchAlign;
@@ -426,9 +507,14 @@ uint64_t workspace_bytes(const RoutingProblem& problem, int num_threads) {
   return scratch_layout(problem, threads_for(problem, num_threads)).bytes;
 }
 
+int moe_init_routing_threads(const RoutingProblem& problem, int num_threads) {
+  return threads_for(problem, num_threads);
+}
+
 void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa isa,
                       void* workspace) {
   const int num_threads = threads_for(pr, requested_threads);
+  detail::reserve_threads(num_threads);
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   const ScratchLayout layout = scratch_layout(pr, num_threads);
   OwnedScratch owned;
@@ -467,24 +553,21 @@ void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa is
   const int64_t max_key = *std::max_element(block_max_key, block_max_key + blocks);
   const int64_t max_high = *std::max_element(block_max_high, block_max_high + blocks);
 
-  // 2. The routed pairs, sorted stably by expert id. Counts need totals over the whole range.
-  int64_t* totals = pr.needs_counts() ? static_cast<int64_t*>(at(layout.totals)) : nullptr;
-  if (totals != nullptr) std::fill(totals, totals + (end - start), int64_t(0));
-  const uint64_t range = pr.needs_counts() ? uint64_t(end - start) : uint64_t(max_key + 1);
+  // 2. The routed pairs, sorted stably by expert id: every routed key is <= max_key.
+  const uint64_t range = uint64_t(max_key + 1);
   // row_idx_type 1: the pairs not routed follow in the CANN golden's order, ids >= end by (id, p),
   // then ids < start by p. The golden gives ids < start the key INT32_MAX, which ties them with an
   // id of INT32_MAX itself; the compressed key low_id - end keeps exactly that order.
   const bool scatter_tail = !pr.drop_pad && pr.row_idx_type == 1;
   const int64_t low_id = max_high == kInt32Max ? kInt32Max : std::max(max_high + 1, end);
   const uint64_t tail_range = uint64_t(low_id - end + 1);
-  int64_t* first = pr.drop_pad ? static_cast<int64_t*>(at(layout.first)) : nullptr;
   quantize::StaticParams static_params;
   if (pr.quant_mode == 0) static_params = quantize::static_params(pr.numerics, pr.scale, pr.offset);
 
   // In the dropless gather layout the sort writes expanded_row_idx itself (the rank of each
   // position).
   const bool gather = !pr.drop_pad && pr.row_idx_type == 0;
-  const int64_t routed = stable_counting_sort(keys, P, range, num_threads, order, scratch, totals,
+  const int64_t routed = stable_counting_sort(keys, P, range, num_threads, order, scratch, nullptr,
                                               gather ? pr.expanded_row_idx : nullptr, sort_offsets);
 
   // 3. The row_idx_type 1 tail.
@@ -502,12 +585,6 @@ void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa is
                          nullptr, sort_offsets);
   }
 
-  // 4. Drop-pad: expert e's pairs occupy order[first[e], first[e] + totals[e]).
-  if (first != nullptr && pr.expert_num > 0) {
-    first[0] = 0;
-    for (int64_t e = 1; e < pr.expert_num; ++e) first[e] = first[e - 1] + totals[e - 1];
-  }
-
   // The remaining outputs.
   int32_t* row_idx = pr.expanded_row_idx;
   const int32_t* sorted = order;
@@ -517,11 +594,15 @@ void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa is
     parallel_range(P, num_threads, [&](int64_t begin, int64_t stop) {
       std::fill(row_idx + begin, row_idx + stop, -1);
     });
-    // Slot e*C + c holds the c-th pair of expert e (c < C); later pairs keep -1.
-    parallel_range(pr.expert_num, num_threads, [&](int64_t e0, int64_t e1) {
-      for (int64_t e = e0; e < e1; ++e) {
-        const int64_t kept = std::min(C, totals[e]);
-        for (int64_t c = 0; c < kept; ++c) row_idx[sorted[first[e] + c]] = int32_t(e * C + c);
+    // Slot e*C + c holds the c-th pair of expert e (c < C); later pairs keep -1. c is the
+    // distance from the start of the pair's run in the sorted order (a piece finds the run it
+    // starts in by a search), so nothing is kept per expert.
+    parallel_range(routed, num_threads, [&](int64_t begin, int64_t stop) {
+      int64_t run = first_at_least(pr, sorted, 0, begin, sorted_key(pr, sorted, begin));
+      for (int64_t d = begin; d < stop; ++d) {
+        const int64_t e = sorted_key(pr, sorted, d);
+        if (d > begin && e != sorted_key(pr, sorted, d - 1)) run = d;
+        if (d - run < C) row_idx[sorted[d]] = int32_t(e * C + (d - run));
       }
     });
   } else if (!gather) {  // row_idx_type 1: the sorted positions, then the tail
@@ -548,27 +629,24 @@ void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa is
     scatter_rows(pr, dest, rows_with_data, num_threads, avx2);
     // Rows without a pair are zero: the tail of a dropless layout, empty drop-pad slots.
     if (pr.drop_pad) {
-      const int64_t C = pr.expert_capacity;
-      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2,
-                 [&](int64_t slot) -> int64_t {
-                   return (slot % C) < totals[slot / C] ? -2 : -1;  // -2: written by the scatter
-                 });
+      write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, [&](int64_t) {
+        return [pairs = SlotPairs(pr, sorted, routed)](int64_t slot) mutable -> int64_t {
+          return pairs(slot) >= 0 ? -2 : -1;  // -2: written by the scatter
+        };
+      });
     } else {  // only the tail past the routed rows (often empty: no second parallel pass)
+      const auto zero = [](int64_t) -> int64_t { return -1; };
       write_rows(pr, static_params, rows_with_data, pr.expanded_rows, num_threads, avx2,
-                 [](int64_t) -> int64_t { return -1; });
+                 same_source(zero));
     }
   } else if (pr.drop_pad) {
-    const int64_t C = pr.expert_capacity;
     write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2,
-               [&](int64_t slot) -> int64_t {
-                 const int64_t e = slot / C, c = slot % C;
-                 return c < totals[e] ? sorted[first[e] + c] : -1;
-               });
+               [&](int64_t) { return SlotPairs(pr, sorted, routed); });
   } else {
-    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2,
-               [&](int64_t d) -> int64_t { return d < rows_with_data ? sorted[d] : -1; });
+    const auto pair = [&](int64_t d) -> int64_t { return d < rows_with_data ? sorted[d] : -1; };
+    write_rows(pr, static_params, 0, pr.expanded_rows, num_threads, avx2, same_source(pair));
   }
-  write_counts(pr, totals);
+  write_counts(pr, sorted, routed);
 }
 
 }  // namespace moe_routing::cpu

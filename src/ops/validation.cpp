@@ -1,7 +1,42 @@
 #include "ops/validation.h"
 
+#include "core/thread_pool.h"
+
+#include <cstdint>
+
 namespace moe_routing::detail {
 namespace {
+
+/// The bytes a view covers, [begin, end) as addresses; empty for null data or no elements. The
+/// end saturates at the top of the address space (a view's numel saturates too).
+struct ByteRange {
+  uintptr_t begin = 0, end = 0;
+  bool empty() const { return begin == end; }
+};
+
+ByteRange byte_range(const TensorView& t) {
+  ByteRange range;
+  if (t.data == nullptr || t.numel() == 0) return range;
+  range.begin = reinterpret_cast<uintptr_t>(t.data);
+  const unsigned __int128 end =
+      static_cast<unsigned __int128>(range.begin) +
+      static_cast<unsigned __int128>(uint64_t(t.numel())) * dtype_size(t.dtype);
+  range.end = end > UINTPTR_MAX ? UINTPTR_MAX : uintptr_t(end);
+  return range;
+}
+
+/// A non-empty buffer must be aligned to its element size: the kernels load and store whole
+/// elements (an int32 at an odd address is undefined behaviour, and UBSan caught one; issue 17,
+/// item 11).
+Status check_alignment(const char* op, const char* name, const TensorView& t) {
+  const size_t element = dtype_size(t.dtype);
+  const size_t misalignment = reinterpret_cast<uintptr_t>(t.data) % element;
+  if (misalignment == 0 || byte_range(t).empty()) return Status::ok();
+  return invalid_argument(op, name, " data must be aligned to ", element,
+                          " bytes (the size of its ", dtype_name(t.dtype),
+                          " elements), got an address ", misalignment,
+                          misalignment == 1 ? " byte" : " bytes", " past a multiple of ", element);
+}
 
 Status check_output(const char* op, const CallOutput& output, const CallInput& anchor) {
   const TensorView& t = output.view;
@@ -20,7 +55,7 @@ Status check_output(const char* op, const CallOutput& output, const CallInput& a
   if (t.data == nullptr && spec.numel() > 0)
     return invalid_argument(op, output.name,
                             " data must not be null for a non-empty tensor, got null");
-  return Status::ok();
+  return check_alignment(op, output.name, t);
 }
 
 Status check_input(const char* op, const CallInput& input) {
@@ -28,10 +63,12 @@ Status check_input(const char* op, const CallInput& input) {
   if (t.data == nullptr && t.ndim > 0 && t.numel() > 0)
     return invalid_argument(op, input.name,
                             " data must not be null for a non-empty tensor, got null");
-  return Status::ok();
+  return check_alignment(op, input.name, t);
 }
 
 Status check_execution(const char* op, Device device, const ExecConfig& config) {
+  MOE_ROUTING_RETURN_IF_ERROR(
+      check_num_threads(op, config.num_threads, "uses the library default"));
   if (!device_supported(device))
     return not_supported(op, "device must be cpu in this build, got ", device_name(device));
   if (device == Device::cuda) {
@@ -56,7 +93,33 @@ Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
   for (const CallOutput& output : outputs)
     MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor));
   for (const CallInput& input : inputs) MOE_ROUTING_RETURN_IF_ERROR(check_input(op, input));
+  MOE_ROUTING_RETURN_IF_ERROR(check_no_overlap(op, inputs, outputs));
   return check_execution(op, anchor.view.device, config);
+}
+
+Status check_no_overlap(const char* op, std::initializer_list<CallInput> inputs,
+                        std::initializer_list<CallOutput> outputs) {
+  auto overlap_error = [op](const char* output, const char* other, ByteRange a,
+                            ByteRange b) -> Status {
+    const uintptr_t begin = a.begin > b.begin ? a.begin : b.begin;
+    const uintptr_t end = a.end < b.end ? a.end : b.end;
+    if (begin >= end) return Status::ok();
+    return invalid_argument(op, output, " must not overlap ", other,
+                            " (an output may share no byte with an input or another output), got ",
+                            uint64_t(end - begin),
+                            end - begin == 1 ? " shared byte" : " shared bytes");
+  };
+  for (auto output = outputs.begin(); output != outputs.end(); ++output) {
+    const ByteRange range = byte_range(output->view);
+    if (range.empty()) continue;
+    for (const CallInput& input : inputs)
+      MOE_ROUTING_RETURN_IF_ERROR(
+          overlap_error(output->name, input.name, range, byte_range(input.view)));
+    for (auto earlier = outputs.begin(); earlier != output; ++earlier)
+      MOE_ROUTING_RETURN_IF_ERROR(
+          overlap_error(output->name, earlier->name, range, byte_range(earlier->view)));
+  }
+  return Status::ok();
 }
 
 }  // namespace moe_routing::detail

@@ -29,15 +29,25 @@ struct CallOutput {
 /// front end reports the same first mistake):
 ///  1. each output: a produced one has exactly its planned shape and dtype, the device of the
 ///     first input (the anchor) and a buffer unless empty; one not produced may have null data
-///     (then it is ignored), else it is checked alike (it will be zero-filled);
-///  2. each present input: a buffer unless empty;
-///  3. where the call runs: the anchor's device must be one this build supports
-///     (device_supported), cuda tensors only with Backend::automatic, and a requested CPU ISA must
-///     be available.
+///     (then it is ignored), else it is checked alike (it will be zero-filled); a non-empty
+///     buffer is aligned to its element size;
+///  2. each present input: a buffer unless empty, aligned to its element size unless empty;
+///  3. check_no_overlap;
+///  4. where the call runs: config.num_threads in [0, kMaxNumThreads]; the anchor's device must
+///     be one this build supports (device_supported), cuda tensors only with Backend::automatic,
+///     and a requested CPU ISA must be available.
 /// The first input is the anchor; every input's device was already checked against it by shape
 /// inference. A check that every operator needs (about buffers, their overlap or alignment)
 /// belongs here, once.
 Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
                      std::initializer_list<CallOutput> outputs, const ExecConfig& config);
+
+/// No output may share a byte with an input or with another output: the kernels read inputs
+/// while they write outputs (in any order, on several threads), so an overlap gave wrong results
+/// (issue 17, item 2). Inputs may share bytes with each other (they are only read). An empty
+/// tensor, or an output with null data, has no bytes. Byte ranges are [data, data + numel *
+/// element size); the shapes were checked before (validate_call step 1, shape inference).
+Status check_no_overlap(const char* op, std::initializer_list<CallInput> inputs,
+                        std::initializer_list<CallOutput> outputs);
 
 }  // namespace moe_routing::detail

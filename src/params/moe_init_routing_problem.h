@@ -56,6 +56,12 @@ struct RoutingProblem {
 
   int64_t pairs() const { return num_rows * top_k; }
   bool needs_counts() const { return count_format != CountFormat::none || drop_pad; }
+  /// Whether a destination row holds anything: bytes of expanded_x (hidden > 0) or a per-row
+  /// value. When not, no backend visits the rows, however many there are: an empty output costs
+  /// nothing (issue 17, item 8: hidden 0 with 2^31 - 1 drop-pad slots took seconds).
+  bool writes_rows() const {
+    return hidden > 0 || expanded_scale != nullptr || expanded_topk_weight != nullptr;
+  }
 };
 
 }  // namespace moe_routing::detail

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/float_env.h"
@@ -100,27 +101,32 @@ void moe_init_routing(const RoutingProblem& pr) {
                      [&](int64_t a, int64_t b) { return golden_key(a) < golden_key(b); });
   }
 
-  // 3. Per-expert counts over the range (all routed pairs).
-  std::vector<int64_t> count;
-  if (pr.needs_counts()) {
-    count.assign(size_t(pr.range_end - pr.range_start), 0);
-    for (int64_t p : order) ++count[size_t(pr.expert_idx[p] - pr.range_start)];
-  }
+  // 3. The counts of the experts with routed pairs, as (id - range start, count) in ascending id:
+  //    the runs of equal ids in `order`. (A table over the whole range could have 2^31 - 1
+  //    entries for a few pairs.)
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  if (pr.count_format != CountFormat::none)
+    for (int64_t p : order) {
+      const int64_t key = pr.expert_idx[p] - pr.range_start;
+      if (runs.empty() || runs.back().first != key) runs.emplace_back(key, 0);
+      ++runs.back().second;
+    }
 
-  // 4. Drop-pad: the c-th pair (in sorted order) of expert e takes slot e*C + c if c < C.
-  std::vector<int64_t> slot_source;
+  // 4. Drop-pad: the c-th pair (in sorted order) of expert e takes slot e*C + c if c < C. `kept`
+  //    lists the filled slots with their pairs in ascending slot order (the order is sorted by
+  //    expert): nothing is kept per slot or per expert, whose numbers may reach 2^31 - 1.
+  std::vector<std::pair<int64_t, int64_t>> kept;  // (slot, pair)
   std::vector<int32_t> drop_pad_row_idx;
   if (pr.drop_pad) {
     const int64_t C = pr.expert_capacity;
-    slot_source.assign(size_t(pr.expanded_rows), -1);
     drop_pad_row_idx.assign(size_t(P), -1);
-    std::vector<int64_t> filled(size_t(pr.expert_num), 0);
-    for (int64_t p : order) {
-      const int64_t e = pr.expert_idx[p];
-      const int64_t c = filled[size_t(e)]++;
+    int64_t c = 0;
+    for (size_t d = 0; d < order.size(); ++d) {
+      const int64_t e = pr.expert_idx[order[d]];
+      c = d > 0 && pr.expert_idx[order[d - 1]] == e ? c + 1 : 0;
       if (c >= C) continue;
-      slot_source[size_t(e * C + c)] = p;
-      drop_pad_row_idx[size_t(p)] = int32_t(e * C + c);
+      kept.emplace_back(e * C + c, order[d]);
+      drop_pad_row_idx[size_t(order[d])] = int32_t(e * C + c);
     }
   }
   // Only when a row is quantised: an empty expanded_x may have any H (x [0, H] is valid).
@@ -129,10 +135,15 @@ void moe_init_routing(const RoutingProblem& pr) {
   if (pr.quant_mode == 0) static_params = quantize::static_params(pr.numerics, pr.scale, pr.offset);
 
   // Every allocation is done; from here on the outputs are written.
+  // A row that holds nothing (hidden 0, no per-row value) is not visited, however many there are.
+  const int64_t rows = pr.writes_rows() ? pr.expanded_rows : 0;
   if (pr.drop_pad) {
     for (int64_t p = 0; p < P; ++p) pr.expanded_row_idx[p] = drop_pad_row_idx[size_t(p)];
-    for (int64_t slot = 0; slot < pr.expanded_rows; ++slot)
-      write_row(pr, slot, slot_source[size_t(slot)], static_params, scratch);
+    size_t next = 0;  // the first entry of `kept` not written yet
+    for (int64_t slot = 0; slot < rows; ++slot) {
+      const bool filled = next < kept.size() && kept[next].first == slot;
+      write_row(pr, slot, filled ? kept[next++].second : -1, static_params, scratch);
+    }
   } else {
     if (pr.row_idx_type == 0) {
       for (int64_t p = 0; p < P; ++p) pr.expanded_row_idx[p] = -1;
@@ -143,27 +154,31 @@ void moe_init_routing(const RoutingProblem& pr) {
         pr.expanded_row_idx[num_routed + int64_t(j)] = int32_t(tail[j]);
     }
     const int64_t rows_with_data = std::min(pr.row_limit, num_routed);
-    for (int64_t d = 0; d < pr.expanded_rows; ++d)
+    for (int64_t d = 0; d < rows; ++d)
       write_row(pr, d, d < rows_with_data ? order[size_t(d)] : -1, static_params, scratch);
   }
 
   const int64_t range = pr.range_end - pr.range_start;
+  size_t next_run = 0;  // count_of is asked for ascending keys
+  auto count_of = [&](int64_t key) -> int64_t {
+    if (next_run < runs.size() && runs[next_run].first == key) return runs[next_run++].second;
+    return 0;
+  };
   switch (pr.count_format) {
     case CountFormat::none: break;
     case CountFormat::cumsum: {
       int64_t running = 0;
-      for (int64_t j = 0; j < range; ++j) write_count(pr, j, running += count[size_t(j)]);
+      for (int64_t j = 0; j < range; ++j) write_count(pr, j, running += count_of(j));
       break;
     }
     case CountFormat::count:
-      for (int64_t j = 0; j < range; ++j) write_count(pr, j, count[size_t(j)]);
+      for (int64_t j = 0; j < range; ++j) write_count(pr, j, count_of(j));
       break;
     case CountFormat::key_value: {
       int64_t row = 0;
-      for (int64_t j = 0; j < range; ++j) {
-        if (count[size_t(j)] == 0) continue;
-        write_count(pr, 2 * row, pr.range_start + j);
-        write_count(pr, 2 * row + 1, count[size_t(j)]);
+      for (const auto& [key, count] : runs) {
+        write_count(pr, 2 * row, pr.range_start + key);
+        write_count(pr, 2 * row + 1, count);
         ++row;
       }
       for (; row < pr.expert_num; ++row) {

@@ -200,7 +200,7 @@ TEST(CliGolden, ErrorsExitWith2AndWriteNothing) {
       {"bad numerics", with({"--top-k", "2", "--numerics", "a3"}),
        "moe-routing: golden grad: --numerics must be one of atlas_a2, ascend_950, got 'a3'"},
       {"threads out of range", with({"--top-k", "2", "--threads", "-1"}),
-       "--threads must be in [0, 4096], got -1"},
+       "--threads must be in [0, 1024], got -1"},
       {"stray argument", with({"--top-k", "2", "extra"}), "unexpected argument 'extra'"},
       {"top_k 0 (library)", with({"--top-k", "0"}),
        "moe_init_routing_grad: top_k must be > 0, got 0", true},

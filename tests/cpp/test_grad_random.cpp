@@ -134,11 +134,11 @@ TEST(GradRandom, RepeatedRunsAndThreadCountsGiveTheSameBits) {
           first, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
           << threads << " threads, run " << repeat;
   // The library-wide default thread count is honoured too.
-  set_num_threads(2);
+  ASSERT_TRUE(set_num_threads(2).is_ok());
   EXPECT_EQ(get_num_threads(), 2);
   EXPECT_TRUE(testing::bitwise_equal(
       first, testing::run_grad_case(c, {Backend::automatic, CpuIsa::automatic, 0})));
-  set_num_threads(0);
+  ASSERT_TRUE(set_num_threads(0).is_ok());
   EXPECT_GE(get_num_threads(), 1);
 }
 

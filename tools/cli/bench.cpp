@@ -289,7 +289,7 @@ class BenchCommand : public Command {
     p.add_choice("--dtype", "dtype of the float tensors", {"bf16", "fp16", "fp32"}, &dtype_text_);
     p.add_choice("--order", "backward accumulation order", {"tree", "sequential"}, &order_text_);
     p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0,
-              1024);
+              kMaxNumThreads);
     p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1,
               1000);
     p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);

@@ -190,7 +190,7 @@ stdout.)",
                  {"tree", "sequential"}, &order_);
     p.add_int("--threads", "T",
               "CPU threads; 0 = library default (MOE_ROUTING_NUM_THREADS or every core)", &threads_,
-              0, 4096);
+              0, kMaxNumThreads);
     p.add_int("--seed", "S", "seed of the routing, x and the gradient values", &seed_, 0,
               std::numeric_limits<int64_t>::max());
     p.add_choice("--device",

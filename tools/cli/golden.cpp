@@ -64,7 +64,7 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
         {"automatic", "reference", "cpu"}, &backend_);
     p.add_int("--threads", "T",
               "CPU threads; 0 = library default (MOE_ROUTING_NUM_THREADS or every core)", &threads_,
-              0, 4096);
+              0, kMaxNumThreads);
     p.add_string("--out", "FILE", "where to write grad_x .npy [N, H] (replaced atomically)",
                  &out_path_)
         .required();

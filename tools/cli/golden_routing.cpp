@@ -241,7 +241,7 @@ CANN.
                       "every golden command",
                       &numerics_);
     p.add_choice("--backend", kBackendHelp, {"automatic", "reference", "cpu"}, &backend_);
-    p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, 4096);
+    p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, kMaxNumThreads);
     p.add_string("--out-dir", "DIR",
                  "directory for the output files (created if missing; see above for which)",
                  &out_dir_)
@@ -374,7 +374,7 @@ expert_tokens_count_or_cumsum.npy (int64; [END - START] for --expert-tokens-num-
               &attrs_.row_idx_type);
     add_numerics_flag(p, "selects the int8 quantisation of --quant-mode 0 and 1", &numerics_);
     p.add_choice("--backend", kBackendHelp, {"automatic", "reference", "cpu"}, &backend_);
-    p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, 4096);
+    p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, kMaxNumThreads);
     p.add_string("--out-dir", "DIR",
                  "directory for the output files (created if missing; see above for which)",
                  &out_dir_)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 
 #include "cpu/cpu_backend.h"
 #include "ops/validation.h"
@@ -67,6 +68,28 @@ Status check_x_and_expert_idx(const char* op, const TensorView& x, const TensorV
   if (x.numel() == kInt64Max)
     return invalid_argument(op, "x has too many elements, got ", shape_string(x));
   return Status::ok();
+}
+
+/// The decimal digits of an unsigned 128-bit value (a product of two int64 values).
+std::string decimal(unsigned __int128 value) {
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), char('0' + int(value % 10)));
+    value /= 10;
+  } while (value != 0);
+  return digits;
+}
+
+/// Drop-pad slot e*C + c is stored as an int32 value of expanded_row_idx (and the backward
+/// addresses E*C rows with it), so E*C must fit int32; unchecked, slots past 2^31 - 1 wrapped to
+/// negative numbers and no error was given (issue 17, item 1). E, C >= 1.
+Status check_slots_fit_int32(const char* op, int64_t experts, int64_t capacity) {
+  const unsigned __int128 slots = static_cast<unsigned __int128>(experts) * uint64_t(capacity);
+  if (slots <= uint64_t(kInt32Max)) return Status::ok();
+  return invalid_argument(op,
+                          "expert_num * expert_capacity must be at most 2147483647 (drop-pad "
+                          "slots e*C + c are int32 expanded_row_idx values), got ",
+                          experts, " * ", capacity, " = ", decimal(slots));
 }
 
 Status check_rows_fit(const char* op, const char* name, int64_t rows, int64_t hidden) {
@@ -157,6 +180,7 @@ Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_i
   result.expert_id_limit = uses_expert_num ? attrs.expert_num : kInt64Max;
   if (drop_pad) {
     const int64_t E = attrs.expert_num, C = attrs.expert_capacity;
+    MOE_ROUTING_RETURN_IF_ERROR(check_slots_fit_int32(op, E, C));
     result.expert_capacity = C;
     const int64_t slots = checked_mul(E, C);
     if (slots < 0 || checked_mul(slots, H) < 0)
@@ -350,6 +374,7 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
   int64_t rows = pairs;
   if (drop_pad) {
     const int64_t C = attrs.expert_capacity;
+    MOE_ROUTING_RETURN_IF_ERROR(check_slots_fit_int32(op, E, C));
     result.expert_capacity = C;
     rows = checked_mul(E, C);
     if (rows < 0 || checked_mul(rows, H) < 0)
@@ -426,6 +451,14 @@ RoutingProblem routing_problem(const MoeInitRoutingPlan& plan) {
     problem.count_format = formats[plan.expert_tokens_num_type];
   }
   return problem;
+}
+
+int cpu_threads(const MoeInitRoutingV2Plan& plan, int num_threads) {
+  return cpu::moe_init_routing_threads(routing_problem(plan), num_threads);
+}
+
+int cpu_threads(const MoeInitRoutingPlan& plan, int num_threads) {
+  return cpu::moe_init_routing_threads(routing_problem(plan), num_threads);
 }
 
 namespace {

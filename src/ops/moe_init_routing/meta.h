@@ -13,6 +13,11 @@ namespace moe_routing::detail {
 RoutingProblem routing_problem(const MoeInitRoutingV2Plan& plan);
 RoutingProblem routing_problem(const MoeInitRoutingPlan& plan);
 
+/// The CPU threads a call of `plan` runs on given `num_threads` (0: the library default): what
+/// its work can use, no more. The C ABI's phase one starts them.
+int cpu_threads(const MoeInitRoutingV2Plan& plan, int num_threads);
+int cpu_threads(const MoeInitRoutingPlan& plan, int num_threads);
+
 /// Everything decided before any data is read: shape inference (infer_moe_init_routing_v2), then
 /// the outputs, the buffers, the device and the execution settings (ops/validation.h), and a
 /// caller's workspace (config.workspace) large enough. Fills `plan` on success. The expert ids are

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cpu/cpu_backend.h"
 #include "ops/validation.h"
 
 namespace moe_routing {
@@ -182,6 +183,10 @@ OutputSpec grad_x_spec(const MoeInitRoutingGradPlan& plan) {
   spec.shape[0] = plan.grad_x_shape[0];
   spec.shape[1] = plan.grad_x_shape[1];
   return spec;
+}
+
+int cpu_threads(const MoeInitRoutingGradPlan& plan, int num_threads) {
+  return cpu::moe_init_routing_grad_threads(plan, num_threads);
 }
 
 Status validate_moe_init_routing_grad(const TensorView& grad_expanded_x,

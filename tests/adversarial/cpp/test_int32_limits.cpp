@@ -1,0 +1,223 @@
+// Every product of sizes and attributes that ends up in an int32 is checked before anything runs
+// (issue 17, item 1): the index dtype is int32, so a value that does not fit would wrap and be
+// written as a wrong index without a word. Drop-pad slot numbers e*C + c (expanded_row_idx) need
+// expert_num * expert_capacity to fit; the pair positions and destination rows need N*K to fit
+// (the counts and cumulative counts of V2, int32 too, are at most N*K). Each limit is refused with
+// the same message by the C++ API and by both C-ABI phases (the torch binding and the CLI call
+// the C++ API), and accepted exactly at its bound. docs/reliability.md cites these tests.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "c_api_handles.h"
+#include "moe_routing/moe_routing.hpp"
+#include "routing_cases.h"
+
+namespace moe_routing::testing {
+namespace {
+
+constexpr int64_t kInt32Max = 2147483647;
+
+/// The issue's case: 65537 experts of capacity 32768 give 2^31 + 32768 slots; every pair routed to
+/// the last expert would take slot 2^31 (written as -2147483648 before the check).
+struct OverflowingDropPad {
+  static constexpr int64_t kRows = 32768, kExperts = 65537, kCapacity = 32768;
+  Tensor x{DType::float32, {kRows, 0}};  // hidden 0: the outputs cost no memory
+  Tensor expert_idx = Tensor::int32s({kRows, 1}, std::vector<int32_t>(kRows, kExperts - 1));
+  Tensor expanded_x{DType::float32, {kExperts, kCapacity, 0}};
+  Tensor expanded_row_idx{DType::int32, {kRows}};
+
+  OverflowingDropPad() { expanded_row_idx.poison(); }
+  bool untouched() const {
+    for (uint8_t b : expanded_row_idx.bytes)
+      if (b != 0x5A) return false;
+    return true;
+  }
+
+  /// Expects call(config), a C++ entry point on this case's tensors, to refuse with `expected` on
+  /// both host backends, writing nothing.
+  template <class Call>
+  void expect_refused(const Call& call, const std::string& expected) {
+    for (Backend backend : {Backend::reference, Backend::cpu}) {
+      ExecConfig config;
+      config.backend = backend;
+      const Status s = call(config);
+      EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+      EXPECT_EQ(s.message(), expected);
+      EXPECT_TRUE(untouched());
+    }
+  }
+
+  /// C-ABI handles of the four tensors.
+  struct Handles {
+    TensorHandle x, idx, out, row_idx;
+  };
+  Handles handles() {
+    return {tensor_handle(x.view().data, MR_FLOAT32, x.shape),
+            tensor_handle(expert_idx.view().data, MR_INT32, expert_idx.shape),
+            tensor_handle(expanded_x.view().data, MR_FLOAT32, expanded_x.shape),
+            tensor_handle(expanded_row_idx.view().data, MR_INT32, expanded_row_idx.shape)};
+  }
+};
+
+const std::string kSlotsMessage =
+    "expert_num * expert_capacity must be at most 2147483647 (drop-pad slots e*C + c are int32 "
+    "expanded_row_idx values), got 65537 * 32768 = 2147516416";
+
+TEST(AdversarialInt32Limits, DropPadSlotsMustFitInt32V2) {
+  OverflowingDropPad c;
+  MoeInitRoutingV2Attrs attrs;
+  attrs.drop_pad_mode = 1;
+  attrs.expert_num = c.kExperts;
+  attrs.expert_capacity = c.kCapacity;
+  const std::string expected = "moe_init_routing_v2: " + kSlotsMessage;
+
+  MoeInitRoutingV2Plan plan;
+  Status s = infer_moe_init_routing_v2(c.x.view(), c.expert_idx.view(), attrs, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(s.message(), expected);
+  c.expect_refused(
+      [&](const ExecConfig& config) {
+        return moe_init_routing_v2(c.x.view(), c.expert_idx.view(), attrs, c.expanded_x.view(),
+                                   c.expanded_row_idx.view(), TensorView(), TensorView(), config);
+      },
+      expected);
+
+  // The C ABI: shape inference and phase one alike.
+  const OverflowingDropPad::Handles h = c.handles();
+  mrTensorDesc descs[4];
+  EXPECT_EQ(mrMoeInitRoutingV2InferShape(h.x.get(), h.idx.get(), 0, c.kCapacity, c.kExperts, 1, 0,
+                                         false, &descs[0], &descs[1], &descs[2], &descs[3]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(mrGetLastErrorMessage(), expected);
+  uint64_t workspace_size = 1;
+  mrExecutor* executor = nullptr;
+  EXPECT_EQ(mrMoeInitRoutingV2GetWorkspaceSize(h.x.get(), h.idx.get(), 0, c.kCapacity, c.kExperts,
+                                               1, 0, false, h.out.get(), h.row_idx.get(), nullptr,
+                                               nullptr, &workspace_size, &executor),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(mrGetLastErrorMessage(), expected);
+  EXPECT_EQ(executor, nullptr);
+  EXPECT_EQ(workspace_size, 0u);
+  EXPECT_TRUE(c.untouched());
+}
+
+TEST(AdversarialInt32Limits, DropPadSlotsMustFitInt32Routing) {
+  OverflowingDropPad c;
+  MoeInitRoutingAttrs attrs;
+  attrs.drop_pad_mode = 1;
+  attrs.expert_num = c.kExperts;
+  attrs.expert_capacity = c.kCapacity;
+  const std::string expected = "moe_init_routing: " + kSlotsMessage;
+
+  MoeInitRoutingPlan plan;
+  Status s = infer_moe_init_routing(c.x.view(), c.expert_idx.view(), TensorView(), TensorView(),
+                                    TensorView(), attrs, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(s.message(), expected);
+  c.expect_refused(
+      [&](const ExecConfig& config) {
+        return moe_init_routing(c.x.view(), c.expert_idx.view(), TensorView(), TensorView(),
+                                TensorView(), attrs, c.expanded_x.view(), c.expanded_row_idx.view(),
+                                TensorView(), TensorView(), TensorView(), config);
+      },
+      expected);
+
+  const OverflowingDropPad::Handles h = c.handles();
+  mrTensorDesc descs[5];
+  EXPECT_EQ(mrMoeInitRoutingInferShape(h.x.get(), h.idx.get(), nullptr, nullptr, nullptr, -1,
+                                       c.kCapacity, c.kExperts, 1, 0, false, -1, nullptr, 0, 0,
+                                       &descs[0], &descs[1], &descs[2], &descs[3], &descs[4]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(mrGetLastErrorMessage(), expected);
+  uint64_t workspace_size = 1;
+  mrExecutor* executor = nullptr;
+  EXPECT_EQ(mrMoeInitRoutingGetWorkspaceSize(h.x.get(), h.idx.get(), nullptr, nullptr, nullptr, -1,
+                                             c.kCapacity, c.kExperts, 1, 0, false, -1, nullptr, 0,
+                                             0, h.out.get(), h.row_idx.get(), nullptr, nullptr,
+                                             nullptr, &workspace_size, &executor),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(mrGetLastErrorMessage(), expected);
+  EXPECT_EQ(executor, nullptr);
+  EXPECT_TRUE(c.untouched());
+}
+
+/// Shape inference of a drop-pad call with no rows (capacity is then unbounded by N) and the
+/// given expert count and capacity, for both forward operators.
+std::vector<Status> infer_drop_pad(int64_t experts, int64_t capacity) {
+  Tensor x(DType::float32, {0, 4});
+  Tensor idx(DType::int32, {0, 2});
+  MoeInitRoutingV2Attrs v2;
+  v2.drop_pad_mode = 1;
+  v2.expert_num = experts;
+  v2.expert_capacity = capacity;
+  MoeInitRoutingV2Plan v2_plan;
+  MoeInitRoutingAttrs routing;
+  routing.drop_pad_mode = 1;
+  routing.expert_num = experts;
+  routing.expert_capacity = capacity;
+  MoeInitRoutingPlan routing_plan;
+  return {infer_moe_init_routing_v2(x.view(), idx.view(), v2, &v2_plan),
+          infer_moe_init_routing(x.view(), idx.view(), TensorView(), TensorView(), TensorView(),
+                                 routing, &routing_plan)};
+}
+
+TEST(AdversarialInt32Limits, DropPadSlotsAreAcceptedUpToTheBound) {
+  for (const Status& s : infer_drop_pad(1, kInt32Max)) EXPECT_TRUE(s.is_ok()) << s.message();
+  for (const Status& s : infer_drop_pad(3, 715827882))  // 2147483646
+    EXPECT_TRUE(s.is_ok()) << s.message();
+  for (const Status& s : infer_drop_pad(2, int64_t(1) << 30)) {
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+    EXPECT_NE(s.message().find("got 2 * 1073741824 = 2147483648"), std::string::npos)
+        << s.message();
+  }
+  // A product beyond int64 is refused by the same check, with the true product in the message.
+  for (const Status& s : infer_drop_pad(kInt32Max, int64_t(1) << 40)) {
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+    EXPECT_NE(s.message().find("got 2147483647 * 1099511627776 = 2361183240335310979072"),
+              std::string::npos)
+        << s.message();
+  }
+}
+
+// N*K (positions, destination rows, and the V2 counts, all int32) is checked by both forward
+// operators; the backward's pairs are len(expanded_row_idx). Pinned here, at the bound.
+TEST(AdversarialInt32Limits, PairCountMustFitInt32) {
+  const int64_t rows = 65536, top_k = 32768;  // 2^31 pairs
+  Tensor x(DType::float32, {rows, 0});
+  TensorView idx(static_cast<const void*>(&rows), DType::int32, {rows, top_k});
+  MoeInitRoutingV2Attrs v2;
+  MoeInitRoutingV2Plan v2_plan;
+  Status s = infer_moe_init_routing_v2(x.view(), idx, v2, &v2_plan);
+  EXPECT_EQ(s.message(),
+            "moe_init_routing_v2: expert_idx must have at most 2147483647 elements (N*K, int32 "
+            "indices), got [65536, 32768]");
+  MoeInitRoutingAttrs routing;
+  routing.expert_num = 8;
+  MoeInitRoutingPlan routing_plan;
+  s = infer_moe_init_routing(x.view(), idx, TensorView(), TensorView(), TensorView(), routing,
+                             &routing_plan);
+  EXPECT_EQ(s.message(),
+            "moe_init_routing: expert_idx must have at most 2147483647 elements (N*K, int32 "
+            "indices), got [65536, 32768]");
+  // One pair fewer fits.
+  TensorView fits(static_cast<const void*>(&rows), DType::int32, {1, kInt32Max});
+  Tensor one_row(DType::float32, {1, 0});
+  s = infer_moe_init_routing_v2(one_row.view(), fits, v2, &v2_plan);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+
+  MoeInitRoutingGradAttrs grad;
+  grad.top_k = 1;
+  MoeInitRoutingGradPlan grad_plan;
+  TensorView g(static_cast<const void*>(&rows), DType::float32, {kInt32Max + 1, 0});
+  TensorView row_idx(static_cast<const void*>(&rows), DType::int32, {kInt32Max + 1});
+  s = infer_moe_init_routing_grad(g, row_idx, grad, &grad_plan);
+  EXPECT_EQ(s.message(),
+            "moe_init_routing_grad: len(expanded_row_idx) must be at most 2147483647 (int32 "
+            "indices), got 2147483648");
+}
+
+}  // namespace
+}  // namespace moe_routing::testing

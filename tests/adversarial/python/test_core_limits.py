@@ -1,0 +1,37 @@
+"""The core's limits reach the torch operators unchanged (issue 17, items 1 and 8): drop-pad slot
+numbers beyond int32 are refused with the core's message (they wrapped to negative slots before),
+and a call whose outputs are empty returns at once however many drop-pad slots it has. The binding adds nothing of its own for either: these hold the C++ checks
+(tests/adversarial/cpp/test_int32_limits.cpp, test_scratch.cpp) through Python."""
+import time
+
+import pytest
+import torch
+
+import moe_routing
+
+SLOTS = (r"expert_num \* expert_capacity must be at most 2147483647 \(drop-pad slots e\*C \+ c are "
+         r"int32 expanded_row_idx values\), got 65537 \* 32768 = 2147516416")
+
+
+@pytest.mark.parametrize("op", ["moe_init_routing_v2", "moe_init_routing"])
+def test_drop_pad_slots_beyond_int32_are_refused(op):
+    x = torch.zeros(32768, 0)
+    idx = torch.full((32768, 1), 65536, dtype=torch.int32)
+    with pytest.raises(ValueError, match=op + ": " + SLOTS):
+        getattr(moe_routing, op)(x, idx, expert_num=65537, expert_capacity=32768, drop_pad_mode=1)
+
+
+# moe_init_routing_v2 only: every output of this call is empty. (moe_init_routing returns
+# expanded_scale and expanded_topk_weight [E*C] even when they are not produced - zeros of the
+# planned shape, real outputs of E*C elements that cost their size.)
+@pytest.mark.parametrize("capacity", [2 ** 28, 2 ** 31 - 1])
+def test_empty_outputs_return_at_once(capacity):
+    x = torch.zeros(0, 0)
+    idx = torch.zeros(0, 2, dtype=torch.int32)
+    start = time.monotonic()
+    expanded_x, expanded_row_idx, counts, before_capacity = moe_routing.moe_init_routing_v2(
+        x, idx, expert_num=1, expert_capacity=capacity, drop_pad_mode=1)
+    elapsed = time.monotonic() - start
+    assert expanded_x.shape == (1, capacity, 0) and expanded_row_idx.shape == (0,)
+    assert counts.shape == (1,) and before_capacity.shape == (1,)
+    assert elapsed < 1.0, f"{elapsed:.2f} s for empty outputs"
