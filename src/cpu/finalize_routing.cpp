@@ -48,7 +48,11 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, CpuIsa 
   args.tiles_per_row = (H + args.tile_width - 1) / args.tile_width;
   args.stream_output = N * H * element >= detail::streaming_store_threshold();
   auto kernel = &baseline::finalize_kernel;
+#if defined(MOE_ROUTING_HAVE_AVX2)
+  if (isa == CpuIsa::avx2) kernel = &avx2::finalize_kernel;
+#else
   static_cast<void>(isa);
+#endif
   detail::parallel_for(N * args.tiles_per_row, threads,
                        [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
 }
@@ -110,7 +114,14 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, CpuIsa isa,
   const int64_t element = int64_t(dtype_size(p.dtype));
   auto rows_kernel = &baseline::finalize_grad_rows;
   auto bias_kernel = &baseline::finalize_grad_bias;
+#if defined(MOE_ROUTING_HAVE_AVX2)
+  if (isa == CpuIsa::avx2) {
+    rows_kernel = &avx2::finalize_grad_rows;
+    bias_kernel = &avx2::finalize_grad_bias;
+  }
+#else
   static_cast<void>(isa);
+#endif
   const int requested = detail::resolve_num_threads(num_threads);
   FinalizeGradKernelArgs args{p, 0, 0, false};
   args.stream_output = R * H * element >= detail::streaming_store_threshold();
