@@ -288,17 +288,29 @@ struct GradResult {
 
 /// Runs a grad case on one runner into poisoned outputs (with the runner's caller workspace:
 /// exactly the reported size, misaligned on purpose); the status must be ok.
-inline GradResult run_finalize_grad_case(FinalizeGradCase& c, const Runner& runner) {
+/// Poisoned host outputs for a grad case, sized as the case asks (unwanted ones empty).
+inline GradResult poisoned_grad_result(const FinalizeGradCase& c) {
   GradResult r{FloatBuffer(c.dtype, c.rows * c.H),
                FloatBuffer(c.scales_dtype, c.options.grad_scales ? c.N * c.K : 0),
                FloatBuffer(c.dtype, c.options.grad_bias ? c.E * c.H : 0)};
   r.grad_expanded_x.poison();
   r.grad_scales.poison();
   r.grad_bias.poison();
+  return r;
+}
+
+/// Views of `r` as the case's outputs (unwanted ones absent).
+inline MoeFinalizeRoutingGradOutputs grad_outputs(const FinalizeGradCase& c, GradResult& r) {
   MoeFinalizeRoutingGradOutputs out;
   out.grad_expanded_x = view_of(r.grad_expanded_x, true, c.expanded_shape);
   out.grad_scales = view_of(r.grad_scales, c.options.grad_scales, {c.N, c.K});
   out.grad_bias = view_of(r.grad_bias, c.options.grad_bias, {c.E, c.H});
+  return out;
+}
+
+inline GradResult run_finalize_grad_case(FinalizeGradCase& c, const Runner& runner) {
+  GradResult r = poisoned_grad_result(c);
+  const MoeFinalizeRoutingGradOutputs out = grad_outputs(c, r);
   ExecConfig config = runner.config();
   std::vector<char> workspace;
   if (runner.caller_workspace) {
