@@ -315,42 +315,66 @@ void finalize_dispatch(const FinalizeKernelArgs& args, int64_t unit_begin, int64
 
 // ---- the grad -----------------------------------------------------------------------------------
 
-/// The sum over a list of pairs at the `Ops::W` columns at offset j: the first pair's term, then
-/// + each next one in list order; a term is f32(grad_y[i]) * f32(scales[q]), or grad_y[i] alone.
-/// No pairs: +0.
-template <class Ops, class Tag>
-inline typename Ops::V sum_pairs(const FinalizeRoutingGradProblem& p, const int32_t* pairs,
-                                 int64_t n, int64_t j) {
+/// One pass of a sum over pairs at the `Ops::W` columns at offset j: `pairs`/`scales` are the
+/// pass's pairs (scales widened; unused without scales); the first pass starts with its first
+/// pair's term (assigned), a later one with the running sum in `buffer`; the last pass narrows
+/// once and stores to out, an earlier one keeps the sum in `buffer`. A term is
+/// f32(grad_y[i]) * f32(scales[q]), or grad_y[i] alone.
+template <class Ops, class Tag, bool Stream>
+inline void pairs_columns(const FinalizeRoutingGradProblem& p, const int32_t* pairs,
+                          const float* scales, int64_t n, int64_t j, PassShape shape, float* buffer,
+                          int64_t buffer_offset, typename Tag::storage* out) {
   using S = typename Tag::storage;
   const S* gy = static_cast<const S*>(p.grad_y);
   auto term = [&](int64_t k) {
-    const int64_t q = pairs[k];
-    const typename Ops::V g = Ops::template load<Tag>(gy + (q / p.top_k) * p.hidden + j);
-    if (p.scales == nullptr) return g;
-    return Ops::mul(g, Ops::broadcast(load_as_float(p.scales, p.scales_dtype, q)));
+    const typename Ops::V g = Ops::template load<Tag>(gy + (pairs[k] / p.top_k) * p.hidden + j);
+    return p.scales != nullptr ? Ops::mul(g, Ops::broadcast(scales[k])) : g;
   };
-  if (n == 0) return Ops::zero();
-  typename Ops::V acc = term(0);
-  for (int64_t k = 1; k < n; ++k) acc = Ops::add(acc, term(k));
-  return acc;
+  typename Ops::V acc = shape.first ? term(0) : Ops::load_float(buffer + buffer_offset);
+  for (int64_t k = shape.first ? 1 : 0; k < n; ++k) acc = Ops::add(acc, term(k));
+  if (shape.last)
+    Ops::template store<Tag, false, Stream>(out + j, acc);
+  else
+    Ops::store_float(buffer + buffer_offset, acc);
 }
 
-/// Columns [c0, c1) of one output row: the sum over `pairs`, narrowed once.
+/// Columns [c0, c1) of one output row: the sum over `pairs` in list order (first term assigned,
+/// +0 for no pairs), narrowed once. Lists longer than one pass of kFinalizeTermsPerPass pairs run
+/// pass by pass over tiles of kFinalizeAccColumns columns, each grad_y row streamed once per tile.
 template <class Ops, class Tag>
 void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, int64_t n, int64_t c0,
                    int64_t c1, typename Tag::storage* out, bool stream_output) {
-  auto columns = [&](auto ops, auto stream, int64_t j) {
-    using O = decltype(ops);
-    O::template store<Tag, false, decltype(stream)::value>(out + j,
-                                                           sum_pairs<O, Tag>(p, pairs, n, j));
-  };
-  constexpr int64_t kStep = 64 / int64_t(sizeof(typename Tag::storage));
-  int64_t j = c0;
-  if (stream_output && stream_aligned(out + c0))
-    for (; j + kStep <= c1; j += kStep)
-      for (int64_t w = 0; w < kStep; w += Ops::W) columns(Ops(), std::true_type(), j + w);
-  for (; j + Ops::W <= c1; j += Ops::W) columns(Ops(), std::false_type(), j);
-  for (; j < c1; ++j) columns(ScalarOps(), std::false_type(), j);
+  using S = typename Tag::storage;
+  constexpr int64_t kStep = 64 / int64_t(sizeof(S));
+  if (n == 0) {
+    int64_t j = c0;
+    for (; j + Ops::W <= c1; j += Ops::W) Ops::template store<Tag, false>(out + j, Ops::zero());
+    for (; j < c1; ++j) ScalarOps::store<Tag, false>(out + j, 0.0f);
+    return;
+  }
+  float scales[kFinalizeTermsPerPass];
+  alignas(64) float buffer[kFinalizeAccColumns];
+  const int64_t tile = n <= kFinalizeTermsPerPass ? c1 - c0 : kFinalizeAccColumns;
+  for (int64_t t0 = c0; t0 < c1; t0 += tile) {
+    const int64_t t1 = c1 - t0 < tile ? c1 : t0 + tile;
+    for (int64_t k0 = 0; k0 < n; k0 += kFinalizeTermsPerPass) {
+      const int64_t m = n - k0 < kFinalizeTermsPerPass ? n - k0 : kFinalizeTermsPerPass;
+      for (int64_t k = 0; p.scales != nullptr && k < m; ++k)
+        scales[k] = load_as_float(p.scales, p.scales_dtype, pairs[k0 + k]);
+      const PassShape shape{k0 == 0, k0 + m == n};
+      int64_t j = t0;
+      if (shape.last && stream_output && stream_aligned(out + t0))
+        for (; j + kStep <= t1; j += kStep)
+          for (int64_t w = 0; w < kStep; w += Ops::W)
+            pairs_columns<Ops, Tag, true>(p, pairs + k0, scales, m, j + w, shape, buffer,
+                                          j + w - t0, out);
+      for (; j + Ops::W <= t1; j += Ops::W)
+        pairs_columns<Ops, Tag, false>(p, pairs + k0, scales, m, j, shape, buffer, j - t0, out);
+      for (; j < t1; ++j)
+        pairs_columns<ScalarOps, Tag, false>(p, pairs + k0, scales, m, j, shape, buffer, j - t0,
+                                             out);
+    }
+  }
 }
 
 /// grad_scales of one pair in the atlas_a2 order: chunks of p.chunk products; in each, a 512-lane

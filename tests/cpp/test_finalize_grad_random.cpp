@@ -76,6 +76,21 @@ TEST(FinalizeGradRandom, GradScalesOrdersAtTheirShapeChanges) {
       }
 }
 
+TEST(FinalizeGradRandom, LongPairListsMatchTheReference) {
+  // Experts with hundreds of pairs and rows named by dozens (more than one pass of
+  // kFinalizeTermsPerPass pairs), over more than one column tile of kFinalizeAccColumns.
+  testing::Random rng(1234);
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes) {
+    GradOptions o;
+    o.bias = true, o.grad_bias = true, o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.05;
+    FinalizeGradCase c =
+        testing::make_finalize_grad_case(rng, d.dtype, 0, Numerics::atlas_a2, o, 60, 4, 1100);
+    for (int32_t& r : c.idx)
+      if (r >= 0 && rng.integer(0, 1) == 0) r = int32_t(rng.integer(0, 2));  // rows 0-2 crowded
+    expect_all_runners_match(c);
+  }
+}
+
 TEST(FinalizeGradRandom, StreamedOutputsMatchTheReference) {
   testing::StreamingThresholdOverride small(1);
   testing::Random rng(8);
