@@ -18,7 +18,6 @@
 #endif
 
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "cpu/finalize_kernel.h"
@@ -102,8 +101,8 @@ struct ScalarOps {
   }
 };
 
-/// Whether the output of this many bytes per row tile may be written with aligned streaming
-/// stores: `Stream` only where the tile starts on a 32-byte boundary.
+/// Whether a tile of output starting at p may take the aligned streaming stores (a 32-byte
+/// boundary); other tiles are written through the cache.
 template <class S>
 inline bool stream_aligned(const S* p) {
   return (reinterpret_cast<uintptr_t>(p) % 32) == 0;
