@@ -1,6 +1,27 @@
 #include "ops/validation.h"
 
+#include <cstdint>
+#include <limits>
+
 namespace moe_routing::detail {
+
+Status check_dims_non_negative(const char* op, const char* name, const TensorView& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] < 0)
+      return invalid_argument(op, name, " dimensions must be >= 0, got ", shape_string(t));
+  return Status::ok();
+}
+
+Status check_element_count(const char* op, const char* name, const TensorView& t) {
+  const int64_t count = t.numel();
+  const int64_t element = int64_t(dtype_size(t.dtype));
+  if (count == std::numeric_limits<int64_t>::max() ||
+      (element > 0 && count > std::numeric_limits<int64_t>::max() / element))
+    return invalid_argument(op, name, " has too many elements (more than 2^63 - 1 bytes), got ",
+                            shape_string(t));
+  return Status::ok();
+}
+
 namespace {
 
 Status check_output(const char* op, const CallOutput& output, const CallInput& anchor) {
@@ -31,6 +52,15 @@ Status check_input(const char* op, const CallInput& input) {
   return Status::ok();
 }
 
+/// Whether two tensors on the same device share at least one byte (empty ones share none).
+bool bytes_overlap(const TensorView& a, const TensorView& b) {
+  if (a.data == nullptr || b.data == nullptr || a.device != b.device) return false;
+  const uintptr_t a0 = reinterpret_cast<uintptr_t>(a.data);
+  const uintptr_t b0 = reinterpret_cast<uintptr_t>(b.data);
+  const uintptr_t a1 = a0 + a.nbytes(), b1 = b0 + b.nbytes();
+  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 Status check_execution(const char* op, Device device, const ExecConfig& config) {
   if (!device_supported(device))
     return not_supported(op, "device must be cpu in this build, got ", device_name(device));
@@ -56,6 +86,16 @@ Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
   for (const CallOutput& output : outputs)
     MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor));
   for (const CallInput& input : inputs) MOE_ROUTING_RETURN_IF_ERROR(check_input(op, input));
+  for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+    for (const CallInput& input : inputs)
+      if (bytes_overlap(out->view, input.view))
+        return invalid_argument(op, out->name, " must not share memory with ", input.name,
+                                ", got overlapping bytes");
+    for (auto earlier = outputs.begin(); earlier != out; ++earlier)
+      if (bytes_overlap(out->view, earlier->view))
+        return invalid_argument(op, out->name, " must not share memory with ", earlier->name,
+                                ", got overlapping bytes");
+  }
   return check_execution(op, anchor.view.device, config);
 }
 

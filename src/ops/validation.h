@@ -12,6 +12,20 @@
 
 namespace moe_routing::detail {
 
+// ---- shape-level helpers of the operators' shape inference ----------------------------------
+
+/// An absent optional tensor: the default view (data null, no dimensions).
+inline bool is_absent(const TensorView& t) { return t.data == nullptr && t.ndim == 0; }
+
+/// "<op><name> dimensions must be >= 0, got [..]" for a negative extent.
+Status check_dims_non_negative(const char* op, const char* name, const TensorView& t);
+
+/// "<op><name> has too many elements (more than 2^63 - 1 bytes), got [..]" when its element
+/// count or byte size does not fit int64.
+Status check_element_count(const char* op, const char* name, const TensorView& t);
+
+// ---- the call --------------------------------------------------------------------------------
+
 /// An input tensor of a call. An absent optional input is the default view (data null, ndim 0).
 struct CallInput {
   const char* name;
@@ -31,7 +45,10 @@ struct CallOutput {
 ///     first input (the anchor) and a buffer unless empty; one not produced may have null data
 ///     (then it is ignored), else it is checked alike (it will be zero-filled);
 ///  2. each present input: a buffer unless empty;
-///  3. where the call runs: the anchor's device must be one this build supports
+///  3. no output shares a byte with an input or an earlier output (docs/decisions.md §15: a
+///     kernel reading what it already overwrote gives garbage, and PyTorch's `out=` rule forbids
+///     it too);
+///  4. where the call runs: the anchor's device must be one this build supports
 ///     (device_supported), cuda tensors only with Backend::automatic, and a requested CPU ISA must
 ///     be available.
 /// The first input is the anchor; every input's device was already checked against it by shape
