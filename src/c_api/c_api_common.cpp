@@ -163,9 +163,10 @@ void finish_phase_one(std::unique_ptr<mrExecutor> planned, uint64_t needed,
 
 Status begin_phase_two(const char* op, mrExecutor::Operator op_kind, const mrExecutor* executor,
                        const void* workspace, uint64_t workspace_size) {
-  static const char* const kMadeBy[] = {"mrMoeInitRoutingV2GradGetWorkspaceSize",
-                                        "mrMoeInitRoutingV2GetWorkspaceSize",
-                                        "mrMoeInitRoutingGetWorkspaceSize"};
+  static const char* const kMadeBy[] = {
+      "mrMoeInitRoutingV2GradGetWorkspaceSize", "mrMoeInitRoutingV2GetWorkspaceSize",
+      "mrMoeInitRoutingGetWorkspaceSize",       "mrMoeFinalizeRoutingGetWorkspaceSize",
+      "mrMoeFinalizeRoutingV2GetWorkspaceSize", "mrMoeFinalizeRoutingV2GradGetWorkspaceSize"};
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(op, "executor", executor));
   if (executor->op != op_kind)
     return invalid_argument(op, "executor must come from ", kMadeBy[int(op_kind)],
@@ -279,6 +280,13 @@ mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
         break;
       case mrExecutor::Operator::moe_init_routing: executor->routing.attrs.numerics = chosen; break;
       case mrExecutor::Operator::moe_init_routing_v2: break;  // no numerics-dependent arithmetic
+      case mrExecutor::Operator::moe_finalize_routing:
+      case mrExecutor::Operator::moe_finalize_routing_v2:
+        executor->finalize.attrs.numerics = chosen;
+        break;
+      case mrExecutor::Operator::moe_finalize_routing_v2_grad:
+        executor->finalize_grad.attrs.numerics = chosen;
+        break;
     }
     return Status::ok();
   });

@@ -9,6 +9,7 @@
 #include <memory>
 #include <new>
 
+#include "moe_routing/moe_finalize_routing.h"
 #include "moe_routing/moe_init_routing.h"
 #include "moe_routing/moe_init_routing_grad.h"
 #include "moe_routing/moe_routing.h"
@@ -26,15 +27,22 @@ struct mrTensor {
 };
 
 /// A planned call: copies of the tensor views (not the handles) and the attributes, so the
-/// handles may be destroyed between the phases. One struct for the three operators; `op` says
-/// which members are in use.
+/// handles may be destroyed between the phases. One struct for every operator; `op` says which
+/// members are in use.
 struct mrExecutor {
   mrExecutor();
   ~mrExecutor();
   mrExecutor(const mrExecutor&) = delete;
   mrExecutor& operator=(const mrExecutor&) = delete;
 
-  enum class Operator : int32_t { moe_init_routing_grad, moe_init_routing_v2, moe_init_routing };
+  enum class Operator : int32_t {
+    moe_init_routing_grad,
+    moe_init_routing_v2,
+    moe_init_routing,
+    moe_finalize_routing,  // V1 (api v1)
+    moe_finalize_routing_v2,
+    moe_finalize_routing_v2_grad,
+  };
   Operator op = Operator::moe_init_routing_grad;
   /// Fixed in phase one (the library default then), so that the workspace size reported there
   /// is the one phase two needs even if the default changes in between.
@@ -63,6 +71,16 @@ struct mrExecutor {
         expanded_scale, expanded_topk_weight;
     moe_routing::MoeInitRoutingAttrs attrs;
   } routing;
+  struct Finalize {  // V1 and V2 (attrs.api tells)
+    moe_routing::MoeFinalizeRoutingInputs in;
+    moe_routing::TensorView out;
+    moe_routing::MoeFinalizeRoutingAttrs attrs;
+  } finalize;
+  struct FinalizeGrad {
+    moe_routing::MoeFinalizeRoutingGradInputs in;
+    moe_routing::MoeFinalizeRoutingGradOutputs out;
+    moe_routing::MoeFinalizeRoutingGradAttrs attrs;
+  } finalize_grad;
 };
 
 namespace moe_routing::c_api {
