@@ -67,8 +67,9 @@ Outcome finish(mrStatus status, uint64_t workspace_size, mrExecutor* executor, N
     EXPECT_EQ(workspace_size, 0u);
     return o;
   }
-  if (numerics != Numerics::atlas_a2)
+  if (numerics != Numerics::atlas_a2) {
     EXPECT_EQ(mrSetNumerics(executor, mrNumerics(numerics)), MR_SUCCESS);
+  }
   std::vector<unsigned char> workspace(size_t(workspace_size) + 1);
   o = outcome_of(phase_two(workspace.data() + 1, workspace_size, executor, nullptr));
   o.workspace_size = workspace_size;
@@ -130,12 +131,6 @@ void expect_same(const Outcome& c, const Outcome& cpp, const std::string& what) 
   EXPECT_EQ(c.status, cpp.status) << what << ": C said " << c.message << "; C++ said "
                                   << cpp.message;
   EXPECT_EQ(c.message, cpp.message) << what;
-}
-
-std::vector<float> floats(const FloatBuffer& b) {
-  std::vector<float> v;
-  for (int64_t k = 0; k < b.count(); ++k) v.push_back(b.at(k));
-  return v;
 }
 
 // ---- the spec's worked examples (docs/spec/moe_finalize_routing.md §5) -------------------------
