@@ -7,9 +7,11 @@
 #      is installed;
 #   2. runs the CUDA test suite (GPU tests bitwise against the CPU backend), if it was built;
 #   3. runs moe_routing_gpu_check (tools/gpu_check.cpp): CUDA vs CPU backend bit for bit on random
-#      inputs for every scenario, dtype, order and numerics of both operators (PASS/FAIL), then the
-#      benchmarks at DeepSeek-V3 (H 7168, E 256, K 8), Qwen3 (4096, 128, 8) and Mixtral (4096, 8, 2)
-#      shapes, in GB/s against a device-to-device cudaMemcpy measured in the same run;
+#      inputs for every scenario, dtype, order and numerics of the dispatch and its backward, and
+#      every layout, api, numerics and optional input of the combine and its backward (PASS/FAIL),
+#      then the benchmarks (the combine's rows on the dispatch's output) at DeepSeek-V3 (H 7168,
+#      E 256, K 8), Qwen3 (4096, 128, 8) and Mixtral (4096, 8, 2) shapes, in GB/s against a
+#      device-to-device cudaMemcpy measured in the same run;
 #   4. if python3 imports torch with CUDA: PyTorch eager baselines at the same shapes, and the torch
 #      operators built against that torch (CUDA tensors vs CPU tensors, bit for bit, and timed);
 #   5. prints a short table last.
@@ -87,7 +89,8 @@ else
          -I"$cuda_home/include" -DMOE_ROUTING_HAVE_CUDA=1)
   machine=$(uname -m)
   [ "$machine" = x86_64 ] && flags+=(-mfpmath=sse -DMOE_ROUTING_HAVE_AVX2=1)
-  sources=$(cd "$root" && ls src/core/*.cpp src/ops/*/*.cpp src/cpu/*.cpp src/c_api/*.cpp src/cuda/*.cpp 2>/dev/null)
+  sources=$(cd "$root" && ls src/core/*.cpp src/ops/*.cpp src/ops/*/*.cpp src/reference/*.cpp src/cpu/*.cpp \
+    src/c_api/*.cpp src/cuda/*.cpp 2>/dev/null)
   build_one() {
     local src=$1 extra=()
     case $src in

@@ -350,5 +350,37 @@ TEST(CliFinalize, HelpDocumentsEveryFlag) {
   EXPECT_NE(top.out.find("golden finalize-routing-grad"), std::string::npos) << top.out;
 }
 
+TEST(CliFinalize, BenchRowsOfTheCombineVerifyAgainstTheReference) {
+  TempDir dir;
+  const std::string csv = dir.file("bench.csv");
+  const std::vector<std::string> args = {
+      "bench", "--op",      "finalize", "--shape",  "qwen3-30b",  "--tokens",   "1,5",   "--runs",
+      "1",     "--threads", "2",        "--verify", "--numerics", "ascend_950", "--csv", csv};
+  const CliResult r = run_cli(dir, args);
+  ASSERT_EQ(r.exit_code, 0) << describe(args, r);
+  EXPECT_NE(r.out.find("verify: 2 of 2 rows bitwise equal to the reference backend"),
+            std::string::npos)
+      << r.out;
+  // bytes moved: N*K rows of H bfloat16 values, the indices and scales read; [N, H] written.
+  const double n = 5, k = 8, h = 2048;
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);
+  std::getline(in, line);  // N = 1
+  std::getline(in, line);  // N = 5
+  EXPECT_EQ(line.rfind("finalize,dropless,qwen3-30b,5,2048,128,8,bfloat16,2,", 0), 0u) << line;
+  std::stringstream fields(line);
+  std::string field;
+  for (int f = 0; f <= 10; ++f) std::getline(fields, field, ',');  // the 11th: bytes
+  EXPECT_EQ(std::stod(field), n * k * h * 2 + n * k * 8 + n * h * 2) << line;
+  const std::vector<std::string> grad = {
+      "bench",  "--op", "finalize-grad", "--shape", "qwen3-30b", "--tokens", "3",
+      "--runs", "1",    "--threads",     "2",       "--verify"};
+  const CliResult g = run_cli(dir, grad);
+  ASSERT_EQ(g.exit_code, 0) << describe(grad, g);
+  EXPECT_NE(g.out.find("finalize-grad"), std::string::npos) << g.out;
+  EXPECT_NE(g.out.find("verify: 1 of 1 rows bitwise equal"), std::string::npos) << g.out;
+}
+
 }  // namespace
 }  // namespace moe_routing::testing
