@@ -757,6 +757,16 @@ void fuzz_routing(Input& in, Generator& gen) {
   run_phases(what, in, d, inferred, inferred_message, within_budget);
 }
 
+/// A Driver::configure that sets `numerics` (any int32, valid or not) on the executor and, when
+/// the setter accepts it, records it in *chosen for the C++ call.
+std::function<void(Input&, mrExecutor*)> numerics_setter(int32_t numerics, Numerics* chosen) {
+  return [numerics, chosen](Input&, mrExecutor* e) {
+    const mrStatus s = mrSetNumerics(e, numerics);
+    FUZZ_CHECK((s == MR_SUCCESS) == (numerics == 0 || numerics == 1), "numerics setter");
+    if (s == MR_SUCCESS) *chosen = Numerics(numerics);
+  };
+}
+
 /// The combine's forward, V1 (`v1`) or V2: sizes, layout, which optional inputs are given, the
 /// index values (-1, rows cut by active_num, out of range) and the numerics from the input.
 void fuzz_finalize(Input& in, Generator& gen, bool v1) {
@@ -827,11 +837,7 @@ void fuzz_finalize(Input& in, Generator& gen, bool v1) {
               : mrMoeFinalizeRouting(nullptr, 0, e, nullptr);
   };
   Numerics chosen = Numerics::atlas_a2;
-  d.configure = [&](Input&, mrExecutor* e) {
-    const mrStatus s = mrSetNumerics(e, numerics);
-    FUZZ_CHECK((s == MR_SUCCESS) == (numerics == 0 || numerics == 1), "numerics setter");
-    if (s == MR_SUCCESS) chosen = Numerics(numerics);
-  };
+  d.configure = numerics_setter(numerics, &chosen);
   d.cpp = [&](const std::vector<FuzzTensor*>& m, const ExecConfig& config) {
     MoeFinalizeRoutingInputs inputs;
     inputs.expanded_x = ex.view();
@@ -912,11 +918,7 @@ void fuzz_finalize_grad(Input& in, Generator& gen) {
     return mrMoeInitRoutingV2Grad(nullptr, 0, e, nullptr);
   };
   Numerics chosen = Numerics::atlas_a2;
-  d.configure = [&](Input&, mrExecutor* e) {
-    const mrStatus s = mrSetNumerics(e, numerics);
-    FUZZ_CHECK((s == MR_SUCCESS) == (numerics == 0 || numerics == 1), "numerics setter");
-    if (s == MR_SUCCESS) chosen = Numerics(numerics);
-  };
+  d.configure = numerics_setter(numerics, &chosen);
   d.cpp = [&](const std::vector<FuzzTensor*>& m, const ExecConfig& config) {
     MoeFinalizeRoutingGradInputs inputs;
     inputs.grad_y = gy.view();

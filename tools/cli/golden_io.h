@@ -1,6 +1,6 @@
-// What the golden commands that read several .npy inputs and write an --out-dir share
-// (golden_routing.cpp, golden_finalize.cpp): optional inputs, outputs sized by shape inference,
-// the memory check before they are allocated, and the all-or-nothing write of the set
+// What the golden commands share (golden.cpp, golden_routing.cpp, golden_finalize.cpp): the
+// --backend / --threads flags, optional inputs, outputs sized by shape inference, the memory check
+// before they are allocated, and the all-or-nothing write of an --out-dir set
 // (docs/reliability.md).
 #pragma once
 

@@ -236,30 +236,22 @@ const char kCounts[] = "expert_tokens_count_or_cumsum.npy";
 /// Different seeds give different files.
 std::vector<std::string> combine_grad_run(const TempDir& dir, int seed,
                                           const std::string& out_dir) {
-  const std::string tag = std::to_string(seed);
   const float s = float(seed);
-  write_or_fail(dir.file("gy" + tag + ".npy"), f32({2, 2}, {s, 2, 3, 4}));
-  write_or_fail(dir.file("r" + tag + ".npy"), i32({4}, {1, 3, 0, 2}));
-  write_or_fail(dir.file("ex" + tag + ".npy"), f32({4, 2}, {0, 1, 2, 3, 4, 5, 6, s}));
-  write_or_fail(dir.file("s" + tag + ".npy"), f32({2, 2}, {0.5f, 0.25f, 2, s}));
-  write_or_fail(dir.file("e" + tag + ".npy"), i32({2, 2}, {0, 1, 1, 0}));
-  write_or_fail(dir.file("b" + tag + ".npy"), f32({2, 2}, {0, 1, 0, s}));
-  return {"golden",
-          "finalize-routing-grad",
-          "--grad-y",
-          dir.file("gy" + tag + ".npy"),
-          "--expanded-row-idx",
-          dir.file("r" + tag + ".npy"),
-          "--expanded-x",
-          dir.file("ex" + tag + ".npy"),
-          "--scales",
-          dir.file("s" + tag + ".npy"),
-          "--expert-idx",
-          dir.file("e" + tag + ".npy"),
-          "--bias",
-          dir.file("b" + tag + ".npy"),
-          "--out-dir",
-          out_dir};
+  const std::pair<std::string, npy::Array> inputs[] = {
+      {"--grad-y", f32({2, 2}, {s, 2, 3, 4})},
+      {"--expanded-row-idx", i32({4}, {1, 3, 0, 2})},
+      {"--expanded-x", f32({4, 2}, {0, 1, 2, 3, 4, 5, 6, s})},
+      {"--scales", f32({2, 2}, {0.5f, 0.25f, 2, s})},
+      {"--expert-idx", i32({2, 2}, {0, 1, 1, 0})},
+      {"--bias", f32({2, 2}, {0, 1, 0, s})}};
+  std::vector<std::string> args = {"golden", "finalize-routing-grad"};
+  for (const auto& [flag, array] : inputs) {
+    const std::string path = dir.file(flag.substr(2) + std::to_string(seed) + ".npy");
+    write_or_fail(path, array);
+    args.insert(args.end(), {flag, path});
+  }
+  args.insert(args.end(), {"--out-dir", out_dir});
+  return args;
 }
 
 /// A command writing a set of files into --out-dir: `run(seed, out_dir)` gives the arguments of a
@@ -280,9 +272,11 @@ void expect_a_failed_run_keeps_the_previous_files(const TempDir& dir, const OutD
   const std::map<std::string, std::string> previous = contents(out);
   ASSERT_EQ(previous.size(), c.files.size());
   auto expect_previous_files = [&](const CliResult& result) {
-    for (const std::string& name : c.files)
-      if (name != c.last)
+    for (const std::string& name : c.files) {
+      if (name != c.last) {
         EXPECT_EQ(read_text(out + "/" + name), previous.at(name)) << name << " changed";
+      }
+    }
     EXPECT_EQ(files_in(out), c.files) << describe(args, result);
     EXPECT_TRUE(result.out.empty()) << describe(args, result);
   };
