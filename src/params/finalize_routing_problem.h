@@ -75,6 +75,17 @@ struct FinalizeRoutingProblem {
   }
 };
 
+/// The sizes and dtypes the forward's and the grad's plans and problems share.
+template <class Plan, class Problem>
+inline void copy_sizes(const Plan& plan, Problem* p) {
+  p->dtype = plan.dtype;
+  p->scales_dtype = plan.scales_dtype;
+  p->num_rows = plan.num_rows;
+  p->top_k = plan.top_k;
+  p->hidden = plan.hidden;
+  p->expanded_rows = plan.expanded_rows;
+}
+
 inline FinalizeRoutingProblem make_finalize_routing_problem(const MoeFinalizeRoutingPlan& plan,
                                                             const MoeFinalizeRoutingInputs& in,
                                                             void* out) {
@@ -92,12 +103,7 @@ inline FinalizeRoutingProblem make_finalize_routing_problem(const MoeFinalizeRou
   p.alpha2 = constant ? in.alpha2.data : nullptr;
   p.v = constant ? in.v.data : nullptr;
   p.out = out;
-  p.dtype = plan.dtype;
-  p.scales_dtype = plan.scales_dtype;
-  p.num_rows = plan.num_rows;
-  p.top_k = plan.top_k;
-  p.hidden = plan.hidden;
-  p.expanded_rows = plan.expanded_rows;
+  copy_sizes(plan, &p);
   p.column_layout = plan.column_layout;
   const bool a2 = plan.numerics == Numerics::atlas_a2;
   p.fp16_accumulate = a2 && plan.dtype == DType::float16;
@@ -186,12 +192,7 @@ inline FinalizeRoutingGradProblem make_finalize_routing_grad_problem(
   p.grad_expanded_x = out.grad_expanded_x.data;
   p.grad_scales = plan.compute_grad_scales ? out.grad_scales.data : nullptr;
   p.grad_bias = plan.compute_grad_bias ? out.grad_bias.data : nullptr;
-  p.dtype = plan.dtype;
-  p.scales_dtype = plan.scales_dtype;
-  p.num_rows = plan.num_rows;
-  p.top_k = plan.top_k;
-  p.hidden = plan.hidden;
-  p.expanded_rows = plan.expanded_rows;
+  copy_sizes(plan, &p);
   p.expert_num = plan.expert_num;
   p.tree_order = plan.numerics == Numerics::atlas_a2;
   p.chunk = grad_scales_chunk(plan.dtype, plan.has_bias);
