@@ -1,5 +1,6 @@
 // libFuzzer target for the C ABI (include/moe_routing/moe_routing.h): every input drives one
-// operator (moe_init_routing_grad, moe_init_routing_v2 or moe_init_routing) through shape
+// operator (moe_init_routing_grad, moe_init_routing_v2, moe_init_routing, or the combine:
+// moe_finalize_routing V1 / V2 and moe_finalize_routing_grad) through shape
 // inference, phase one and phase two, with shapes, dtypes, devices, attributes (extreme int64
 // values included), index values, NULL or mismatched outputs and executor misuse decoded from the
 // bytes. Built with ASan + UBSan (`make fuzz`); besides the sanitizers, these oracles abort:
@@ -753,6 +754,198 @@ void fuzz_routing(Input& in, Generator& gen) {
   run_phases(what, in, d, inferred, inferred_message, within_budget);
 }
 
+/// A Driver::configure that sets `numerics` (any int32, valid or not) on the executor and, when
+/// the setter accepts it, records it in *chosen for the C++ call.
+std::function<void(Input&, mrExecutor*)> numerics_setter(int32_t numerics, Numerics* chosen) {
+  return [numerics, chosen](Input&, mrExecutor* e) {
+    const mrStatus s = mrSetNumerics(e, numerics);
+    FUZZ_CHECK((s == MR_SUCCESS) == (numerics == 0 || numerics == 1), "numerics setter");
+    if (s == MR_SUCCESS) *chosen = Numerics(numerics);
+  };
+}
+
+/// The combine's forward, V1 (`v1`) or V2: sizes, layout, which optional inputs are given, the
+/// index values (-1, rows cut by active_num, out of range) and the numerics from the input.
+void fuzz_finalize(Input& in, Generator& gen, bool v1) {
+  const int64_t N = in.below(9), K = 1 + in.below(4), H = in.below(21), E = 1 + in.below(6);
+  const int64_t mode = v1 ? 0 : in.below(4);
+  const bool drop_pad = mode == 1 || mode == 3;
+  const int64_t C = in.below(4);
+  const int64_t pairs = N * K;
+  // Dropless: usually N*K rows; sometimes fewer (the dispatch cut them by active_num).
+  const int64_t rows = drop_pad ? E * C : (in.below(4) == 3 ? in.below(pairs + 1) : pairs);
+  const uint8_t given =
+      v1 ? uint8_t(0x1D | (in.byte() & 0x02)) : in.byte();  // V1: x1 bias scales ids
+  const bool mixed = in.byte() % 2 == 1;
+  const int64_t drop_pad_mode = v1 ? 0 : in.attribute(mode);
+  const int32_t numerics = in.enumeration(int32_t(in.byte() % 2), 2);
+  const int32_t dtype = floating_dtype(in);
+
+  FuzzTensor ex, idx, x1, x2, bias, scales, experts, out;
+  decode_input(in, ex, drop_pad ? std::vector<int64_t>{E, C, H} : std::vector<int64_t>{rows, H},
+               dtype);
+  decode_input(in, idx, {pairs}, MR_INT32);
+  if (given & 0x01) decode_input(in, x1, {N, H}, dtype);
+  if (given & 0x02) decode_input(in, x2, {N, H}, dtype);
+  if (given & 0x04) decode_input(in, bias, {E, H}, dtype);
+  if (given & 0x08)
+    decode_input(in, scales, {N, K}, mixed && dtype == MR_BFLOAT16 ? MR_FLOAT32 : dtype);
+  if (given & 0x10) decode_input(in, experts, {N, K}, MR_INT32);
+  for (FuzzTensor* t : {&ex, &x1, &x2, &bias, &scales}) t->fill(gen, in.byte());
+  // Valid values: rows [0, R) and, dropless, [R, N*K) (cut by active_num: skipped).
+  idx.fill(gen, 0, drop_pad ? rows : pairs, index_fill_of(in.byte()));
+  experts.fill(gen, 0, E, index_fill_of(in.byte()));
+  for (FuzzTensor* t : {&ex, &idx, &x1, &x2, &bias, &scales, &experts}) t->create();
+
+  mrTensorDesc desc = poisoned_desc();
+  const mrTensorDesc untouched = desc;
+  const bool desc_null = in.rarely(2);
+  mrTensorDesc* desc_arg = desc_null ? nullptr : &desc;
+  const mrStatus inferred =
+      v1 ? mrMoeFinalizeRoutingInferShape(ex.handle, x1.handle, x2.handle, bias.handle,
+                                          scales.handle, idx.handle, experts.handle, desc_arg)
+         : mrMoeFinalizeRoutingV2InferShape(ex.handle, idx.handle, x1.handle, x2.handle,
+                                            bias.handle, scales.handle, experts.handle,
+                                            drop_pad_mode, desc_arg);
+  check_status(inferred, "finalize shape inference");
+  const std::string inferred_message = inferred == MR_SUCCESS ? "" : last_message();
+  if (inferred != MR_SUCCESS) FUZZ_CHECK(same_bytes(&desc, &untouched, sizeof desc), "desc kept");
+  if (desc_null) {
+    FUZZ_CHECK(inferred == MR_ERROR_INVALID_ARGUMENT, "NULL desc refused");
+    return;
+  }
+  decode_output(in, out, inferred == MR_SUCCESS ? &desc : nullptr, {N, H}, ex.dtype);
+
+  Driver d;
+  d.outputs = {&out};
+  d.phase_one = [&](uint64_t* ws, mrExecutor** e) {
+    return v1 ? mrMoeFinalizeRoutingGetWorkspaceSize(ex.handle, x1.handle, x2.handle, bias.handle,
+                                                     scales.handle, idx.handle, experts.handle,
+                                                     out.handle, ws, e)
+              : mrMoeFinalizeRoutingV2GetWorkspaceSize(ex.handle, idx.handle, x1.handle, x2.handle,
+                                                       bias.handle, scales.handle, experts.handle,
+                                                       drop_pad_mode, out.handle, ws, e);
+  };
+  d.phase_two = [v1](void* w, uint64_t ws, mrExecutor* e) {
+    return v1 ? mrMoeFinalizeRouting(w, ws, e, nullptr) : mrMoeFinalizeRoutingV2(w, ws, e, nullptr);
+  };
+  d.foreign_phase_two = [v1](mrExecutor* e) {
+    return v1 ? mrMoeFinalizeRoutingV2(nullptr, 0, e, nullptr)
+              : mrMoeFinalizeRouting(nullptr, 0, e, nullptr);
+  };
+  Numerics chosen = Numerics::atlas_a2;
+  d.configure = numerics_setter(numerics, &chosen);
+  d.cpp = [&](const std::vector<FuzzTensor*>& m, const ExecConfig& config) {
+    MoeFinalizeRoutingInputs inputs;
+    inputs.expanded_x = ex.view();
+    inputs.expanded_row_idx = idx.view();
+    inputs.x1 = x1.view();
+    inputs.x2 = x2.view();
+    inputs.bias = bias.view();
+    inputs.scales = scales.view();
+    inputs.expert_idx = experts.view();
+    MoeFinalizeRoutingAttrs attrs;
+    attrs.api = v1 ? FinalizeRoutingApi::v1 : FinalizeRoutingApi::v2;
+    attrs.drop_pad_mode = drop_pad_mode;
+    attrs.numerics = chosen;
+    return moe_finalize_routing(inputs, attrs, m[0]->view(), config);
+  };
+  const std::string what = std::string(v1 ? "finalize_v1" : "finalize_v2") +
+                           " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                           " H=" + std::to_string(H) + " R=" + std::to_string(rows) +
+                           " drop_pad_mode=" + std::to_string(drop_pad_mode) +
+                           " inputs=" + std::to_string(int(given & 0x1F));
+  run_phases(what, in, d, inferred, inferred_message, true);
+}
+
+/// The combine's backward: both modes, active_num, which optional inputs and outputs are given.
+void fuzz_finalize_grad(Input& in, Generator& gen) {
+  const int64_t N = in.below(9), K = 1 + in.below(4), H = in.below(21), E = 1 + in.below(6);
+  const int64_t mode = in.below(2), C = in.below(4), pairs = N * K;
+  const int64_t active = mode == 0 && pairs > 1 && in.below(3) == 2 ? 1 + in.below(pairs - 1) : 0;
+  const int64_t rows = mode == 1 ? E * C : (active > 0 ? active : pairs);
+  const uint8_t given = uint8_t(in.byte() ^ 0x03);  // natural: expanded_x and scales
+  const bool mixed = in.byte() % 2 == 1;
+  const int64_t drop_pad_mode = in.attribute(mode);
+  const int64_t active_num = in.attribute(active);
+  const int64_t expert_num = in.attribute(mode == 1 ? E : 0);
+  const int64_t expert_capacity = in.attribute(mode == 1 ? C : 0);
+  const int32_t numerics = in.enumeration(int32_t(in.byte() % 2), 2);
+  const int32_t dtype = floating_dtype(in);
+
+  FuzzTensor gy, idx, ex, scales, experts, bias, gex, gs, gb;
+  const std::vector<int64_t> rows_shape =
+      mode == 1 ? std::vector<int64_t>{E, C, H} : std::vector<int64_t>{rows, H};
+  decode_input(in, gy, {N, H}, dtype);
+  decode_input(in, idx, {pairs}, MR_INT32);
+  if (given & 0x01) decode_input(in, ex, rows_shape, dtype);
+  if (given & 0x02)
+    decode_input(in, scales, {N, K}, mixed && dtype == MR_BFLOAT16 ? MR_FLOAT32 : dtype);
+  if (given & 0x04) decode_input(in, experts, {N, K}, MR_INT32);
+  if (given & 0x08) decode_input(in, bias, {E, H}, dtype);
+  for (FuzzTensor* t : {&gy, &ex, &scales, &bias}) t->fill(gen, in.byte());
+  idx.fill(gen, 0, mode == 1 ? rows : pairs, index_fill_of(in.byte()));
+  experts.fill(gen, 0, E, index_fill_of(in.byte()));
+  for (FuzzTensor* t : {&gy, &idx, &ex, &scales, &experts, &bias}) t->create();
+
+  mrTensorDesc desc[3];
+  for (mrTensorDesc& dd : desc) dd = poisoned_desc();
+  const mrStatus inferred = mrMoeFinalizeRoutingV2GradInferShape(
+      gy.handle, idx.handle, ex.handle, scales.handle, experts.handle, bias.handle, drop_pad_mode,
+      active_num, expert_num, expert_capacity, &desc[0], &desc[1], &desc[2]);
+  check_status(inferred, "finalize grad shape inference");
+  const std::string inferred_message = inferred == MR_SUCCESS ? "" : last_message();
+  const bool ok = inferred == MR_SUCCESS;
+  decode_output(in, gex, ok ? &desc[0] : nullptr, rows_shape, gy.dtype);
+  decode_output(in, gs, ok ? &desc[1] : nullptr, {N, K}, scales.dtype);
+  decode_output(in, gb, ok ? &desc[2] : nullptr, {E, H}, gy.dtype);
+
+  Driver d;
+  d.outputs = {&gex, &gs, &gb};
+  d.phase_one = [&](uint64_t* ws, mrExecutor** e) {
+    return mrMoeFinalizeRoutingV2GradGetWorkspaceSize(
+        gy.handle, idx.handle, ex.handle, scales.handle, experts.handle, bias.handle, drop_pad_mode,
+        active_num, expert_num, expert_capacity, gex.handle, gs.handle, gb.handle, ws, e);
+  };
+  d.phase_two = [](void* w, uint64_t ws, mrExecutor* e) {
+    return mrMoeFinalizeRoutingV2Grad(w, ws, e, nullptr);
+  };
+  d.needs_workspace = true;  // the pair lists
+  d.foreign_phase_two = [](mrExecutor* e) {
+    return mrMoeInitRoutingV2Grad(nullptr, 0, e, nullptr);
+  };
+  Numerics chosen = Numerics::atlas_a2;
+  d.configure = numerics_setter(numerics, &chosen);
+  d.cpp = [&](const std::vector<FuzzTensor*>& m, const ExecConfig& config) {
+    MoeFinalizeRoutingGradInputs inputs;
+    inputs.grad_y = gy.view();
+    inputs.expanded_row_idx = idx.view();
+    inputs.expanded_x = ex.view();
+    inputs.scales = scales.view();
+    inputs.expert_idx = experts.view();
+    inputs.bias = bias.view();
+    MoeFinalizeRoutingGradAttrs attrs;
+    attrs.drop_pad_mode = drop_pad_mode;
+    attrs.active_num = active_num;
+    attrs.expert_num = expert_num;
+    attrs.expert_capacity = expert_capacity;
+    attrs.numerics = chosen;
+    MoeFinalizeRoutingGradOutputs outputs;
+    outputs.grad_expanded_x = m[0]->view();
+    outputs.grad_scales = m[1]->view();
+    outputs.grad_bias = m[2]->view();
+    return moe_finalize_routing_grad(inputs, attrs, outputs, config);
+  };
+  const std::string what =
+      "finalize_grad N=" + std::to_string(N) + " K=" + std::to_string(K) +
+      " H=" + std::to_string(H) + " drop_pad_mode=" + std::to_string(drop_pad_mode) +
+      " active_num=" + std::to_string(active_num) + " E=" + std::to_string(expert_num) +
+      " C=" + std::to_string(expert_capacity) + " inputs=" + std::to_string(int(given & 0x0F));
+  // The pair lists hold one entry per row of grad_expanded_x (E*C in drop-pad).
+  run_phases(what, in, d, inferred, inferred_message,
+             drop_pad_mode != 1 || experts_within_budget(expert_num, expert_capacity, true));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -760,10 +953,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t op = in.byte();
   mrSetNumThreads(1 + in.below(3));
   Generator gen(in.u64());
-  switch (op % 3) {
-    case 0: fuzz_grad(in, gen); break;
-    case 1: fuzz_v2(in, gen); break;
-    default: fuzz_routing(in, gen); break;
+  // Below 128 the dispatch's operators (as before the combine came: saved inputs keep their
+  // meaning), from 128 the combine's.
+  if (op < 128) {
+    switch (op % 3) {
+      case 0: fuzz_grad(in, gen); break;
+      case 1: fuzz_v2(in, gen); break;
+      default: fuzz_routing(in, gen); break;
+    }
+  } else {
+    switch ((op - 128) % 3) {
+      case 0: fuzz_finalize(in, gen, true); break;
+      case 1: fuzz_finalize(in, gen, false); break;
+      default: fuzz_finalize_grad(in, gen); break;
+    }
   }
   FUZZ_CHECK(c_api::live_tensors() == 0 && c_api::live_executors() == 0,
              "every handle and executor is freed");

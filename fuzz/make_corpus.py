@@ -14,7 +14,8 @@ SEED = [0x5E, 0xED, 0x01, 0x23, 0x45, 0x67, 0x89, 0xAB]  # bulk data generator s
 
 
 def head(op, threads=1):
-    """Operator (0 grad, 1 v2, 2 routing), thread count - 1, generator seed."""
+    """Operator (0 grad, 1 v2, 2 routing; 128 finalize V1, 129 V2, 130 V2Grad), thread count - 1,
+    generator seed."""
     return [op, threads] + SEED
 
 
@@ -39,6 +40,24 @@ SEEDS = {
     "routing_static_quant": head(2) + [6, 1, 7, 3, 1, 0, 0, 3, 0, 0, 1] + ATTRS + [1, 0, 0],
     "routing_dynamic_quant": head(2, 2) + [7, 2, 9, 2, 2, 0, 0, 2, 1, 2, 1] + ATTRS + [1, 0, 0],
     "routing_drop_pad": head(2) + [9, 1, 3, 2, 0, 0, 2, 0, 1, 1] + ATTRS + [3, 0],
+    # The combine (operators from 128 on). moe_finalize_routing V1 (128): N, K-1, H, E-1, C, rows
+    # (3: cut, then the count), x2? (bit 1), float32 scales?, numerics (2 bytes: value, 0 =
+    # natural), dtype (0 fp32, 1 fp16, 2 bf16)
+    "finalize_v1_bf16": head(128) + [5, 1, 7, 3, 0, 0, 2, 1, 0, 0, 2],
+    "finalize_v1_fp16_ascend_950": head(128, 2) + [4, 2, 9, 2, 0, 0, 0, 0, 1, 0, 1],
+    # V2 (129): N, K-1, H, E-1, mode, C, [rows unless drop-pad], inputs (bits: x1 x2 bias scales
+    # expert_idx), float32 scales?, drop_pad_mode attribute, numerics (2 bytes), dtype
+    "finalize_v2_row_every_input": head(129) + [6, 1, 5, 2, 2, 0, 0, 31, 0, 0, 0, 0, 0],
+    "finalize_v2_drop_pad_row_bf16": head(129) + [7, 2, 9, 3, 3, 3, 29, 1, 0, 1, 0, 2],
+    "finalize_v2_column_cut_rows": head(129, 2) + [5, 3, 6, 1, 0, 0, 3, 13, 9, 0, 0, 0, 0, 1],
+    "finalize_v2_drop_pad_column": head(129) + [8, 1, 4, 2, 1, 2, 9, 0, 0, 0, 0, 0],
+    # V2Grad (130): N, K-1, H, E-1, mode, C, [active? (2 = yes), A-1 when mode 0], inputs xor 3
+    # (bits: expanded_x scales expert_idx bias), float32 scales?, four attributes (0 = natural),
+    # numerics (2 bytes), dtype
+    "finalize_grad_bias": head(130) + [6, 1, 5, 2, 0, 0, 0, 12],
+    "finalize_grad_active_bf16": head(130, 2) + [7, 2, 6, 3, 0, 0, 2, 9, 12, 1, 0, 0, 0, 0, 1, 0, 2],
+    "finalize_grad_drop_pad": head(130) + [5, 1, 8, 3, 1, 3, 12, 0, 0, 0, 0, 0, 0, 0, 1],
+    "finalize_grad_no_scales": head(130) + [5, 1, 7, 2, 0, 0, 0, 2],
 }
 
 

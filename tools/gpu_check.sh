@@ -7,10 +7,12 @@
 #      is installed;
 #   2. runs the CUDA test suite (GPU tests bitwise against the CPU backend), if it was built;
 #   3. runs moe_routing_gpu_check (tools/gpu_check.cpp): CUDA vs CPU backend bit for bit on random
-#      inputs for every scenario, dtype, order and numerics of both operators (PASS/FAIL), then the
-#      benchmarks at the model shapes of tools/cases/model_shapes.h (deepseek-v3: H 7168, E 256,
-#      K 8; qwen3-235b: 4096, 128, 8; qwen3-30b: 2048, 128, 8; mixtral: 4096, 8, 2), in GB/s
-#      against a device-to-device cudaMemcpy measured in the same run;
+#      inputs for every scenario, dtype, order and numerics of the dispatch and its backward, and
+#      every layout, api, numerics and optional input of the combine and its backward (PASS/FAIL),
+#      then the benchmarks (the combine's rows on the dispatch's output) at the model shapes of
+#      tools/cases/model_shapes.h (deepseek-v3: H 7168, E 256, K 8; qwen3-235b: 4096, 128, 8;
+#      qwen3-30b: 2048, 128, 8; mixtral: 4096, 8, 2), in GB/s against a device-to-device
+#      cudaMemcpy measured in the same run;
 #   4. if python3 imports torch with CUDA: PyTorch eager baselines at the same shapes, and the torch
 #      operators built against that torch (CUDA tensors vs CPU tensors, bit for bit, and timed);
 #   5. prints a short table last.

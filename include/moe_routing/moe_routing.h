@@ -130,8 +130,9 @@ enum {
 };
 
 /** Which Ascend device's arithmetic the operators reproduce: one switch for the library. It
- *  selects the int8 quantisation of mrMoeInitRouting (quantMode 0 and 1) and the float32
- *  accumulation order of the backward. The values equal moe_routing::Numerics. */
+ *  selects the int8 quantisation of mrMoeInitRouting (quantMode 0 and 1), the float32
+ *  accumulation order of the backward, and the combine's accumulation type and gradScales
+ *  order (mrMoeFinalizeRouting*). The values equal moe_routing::Numerics. */
 typedef int32_t mrNumerics;
 enum {
   /** The Atlas A2/A3 kernels (default): static quant in float32, dynamic scale m / 127, the
@@ -242,9 +243,11 @@ mrStatus mrDestroyExecutor(mrExecutor* executor) MR_NOEXCEPT;
 /**
  * Chooses the numerics of an executor before it runs: the device whose arithmetic phase two
  * reproduces. Without this call it is MR_NUMERICS_ATLAS_A2. It selects the quantisation of a
- * mrMoeInitRouting executor (quantMode 0 and 1) and the accumulation order of a backward
+ * mrMoeInitRouting executor (quantMode 0 and 1), the accumulation order of a backward
  * executor (tree for MR_NUMERICS_ATLAS_A2, sequential for MR_NUMERICS_ASCEND_950, unless
- * mrSetAccumulationOrder chose one). moe_init_routing_v2 has no arithmetic that depends on it
+ * mrSetAccumulationOrder chose one), and the arithmetic of a combine executor
+ * (mrMoeFinalizeRouting*: accumulation type, V1's bfloat16 rounding, gradScales' order; the
+ * workspace size does not change). moe_init_routing_v2 has no arithmetic that depends on it
  * (no quantisation): its executors accept it and are unchanged. CANN's aclnn signatures have no
  * such argument (the device decides), which is why it is an executor setting between the phases.
  *
@@ -532,6 +535,199 @@ mrStatus mrMoeInitRoutingGetWorkspaceSize(
  */
 mrStatus mrMoeInitRouting(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
                           mrStream stream) MR_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------ */
+/* moe_finalize_routing (aclnnMoeFinalizeRouting = V1, aclnnMoeFinalizeRoutingV2)              */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The combine: for every token i and column j
+ *
+ *   out[i, j] = x1[i, j] + x2[i, j]
+ *               + sum over t in [0, K) of scales[i, t] * (expandedX[row(i, t), j]
+ *                                                        + bias[expertIdx[i, t], j])
+ *
+ * one IEEE operation at a time, terms added in increasing t, in the accumulation type and order
+ * of the executor's numerics (MR_NUMERICS_ATLAS_A2: float16 arithmetic for float16, float32
+ * otherwise; MR_NUMERICS_ASCEND_950: float32 for every dtype), rounded once to the dtype of
+ * expandedX (V1 under MR_NUMERICS_ATLAS_A2 rounds bfloat16 ties away from zero, as CANN's V1
+ * kernel does; every other case to nearest even). row(i, t) = expandedRowIdx[t*N + i] (column
+ * layout: V1, dropPadMode 0 and 1) or expandedRowIdx[i*K + t] (row layout: dropPadMode 2 and 3).
+ * An index -1 skips its pair; in dropless modes an index in [R, N*K) (rows cut by activeNum)
+ * skips it too; any other index outside [0, R) is MR_ERROR_INDEX_OUT_OF_RANGE from phase two, as
+ * is an expert id outside [0, E) where a bias row is read. K = scales.size(1) (1 without
+ * scales), N = len(expandedRowIdx) / K. Empty tensors are valid. The forward needs no workspace
+ * (size 0). See docs/moe_finalize_routing.md.
+ */
+
+/**
+ * The shape and dtype of V1's output, without data (inputs may have NULL buffers). Arguments in
+ * the order of aclnnMoeFinalizeRoutingGetWorkspaceSize.
+ *
+ * @param expandedX          float32/float16/bfloat16 [R, H], R <= N*K (rows of the V1 dispatch).
+ * @param x1                 [N, H], dtype of expandedX (required).
+ * @param x2Optional         NULL, or [N, H], dtype of expandedX.
+ * @param bias               [E, H], dtype of expandedX (required).
+ * @param scales             [N, K], dtype of expandedX, or float32 with bfloat16 (required).
+ * @param expandedRowIdx     int32 [N*K], column layout.
+ * @param expandedExpertIdx  int32 [N, K] (required): the bias row of each pair.
+ * @param out                receives out's description: [N, H], dtype of expandedX. Unchanged on
+ *                           failure.
+ * @return MR_SUCCESS, MR_ERROR_INVALID_ARGUMENT (the message names the offending argument).
+ */
+mrStatus mrMoeFinalizeRoutingInferShape(const mrTensor* expandedX, const mrTensor* x1,
+                                        const mrTensor* x2Optional, const mrTensor* bias,
+                                        const mrTensor* scales, const mrTensor* expandedRowIdx,
+                                        const mrTensor* expandedExpertIdx,
+                                        mrTensorDesc* out) MR_NOEXCEPT;
+
+/**
+ * Phase one of V1 (arguments in the order of aclnnMoeFinalizeRoutingGetWorkspaceSize). Inputs
+ * as in mrMoeFinalizeRoutingInferShape, buffers needed unless empty; the numerics are
+ * MR_NUMERICS_ATLAS_A2 unless mrSetNumerics changes them.
+ *
+ * @param out            [N, H], exactly as inferred, same device; written by phase two only. It
+ *                       must not share memory with an input.
+ * @param workspaceSize  receives 0 (the forward needs no workspace). Must not be NULL.
+ * @param executor       receives the plan; set to NULL on failure. Must not be NULL.
+ * @return MR_SUCCESS; MR_ERROR_INVALID_ARGUMENT; MR_ERROR_NOT_SUPPORTED for a CUDA tensor in a
+ *         build without the CUDA backend; MR_ERROR_RUNTIME when the executor cannot be allocated.
+ */
+mrStatus mrMoeFinalizeRoutingGetWorkspaceSize(
+    const mrTensor* expandedX, const mrTensor* x1, const mrTensor* x2Optional, const mrTensor* bias,
+    const mrTensor* scales, const mrTensor* expandedRowIdx, const mrTensor* expandedExpertIdx,
+    mrTensor* out, uint64_t* workspaceSize, mrExecutor** executor) MR_NOEXCEPT;
+
+/**
+ * Phase two of V1: checks every index value, then writes out. Frees the executor, whatever the
+ * result. Arguments as in mrMoeInitRoutingV2Grad.
+ * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
+ *         MR_ERROR_INVALID_ARGUMENT (executor; a workspace NULL with a size).
+ */
+mrStatus mrMoeFinalizeRouting(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                              mrStream stream) MR_NOEXCEPT;
+
+/**
+ * The shape and dtype of V2's output, without data. Arguments in the order of
+ * aclnnMoeFinalizeRoutingV2GetWorkspaceSize; every *Optional tensor may be NULL (absent).
+ *
+ * @param expandedX          float32/float16/bfloat16: [R, H] with R <= N*K (dropPadMode 0, 2),
+ *                           [E, C, H] (dropPadMode 1, 3).
+ * @param expandedRowIdx     int32 [N*K].
+ * @param x1Optional         [N, H], dtype of expandedX.
+ * @param x2Optional         [N, H], dtype of expandedX; needs x1Optional.
+ * @param biasOptional       [E, H], dtype of expandedX (E = expandedX.size(0) in drop-pad);
+ *                           needs expertIdxOptional.
+ * @param scalesOptional     [N, K], dtype of expandedX, or float32 with bfloat16.
+ * @param expertIdxOptional  int32 [N, K].
+ * @param dropPadMode        0 (dropless, column layout), 1 (drop-pad, column), 2 (dropless, row)
+ *                           or 3 (drop-pad, row).
+ * @param out                receives out's description: [N, H], dtype of expandedX.
+ * @return MR_SUCCESS, MR_ERROR_INVALID_ARGUMENT.
+ */
+mrStatus mrMoeFinalizeRoutingV2InferShape(const mrTensor* expandedX, const mrTensor* expandedRowIdx,
+                                          const mrTensor* x1Optional, const mrTensor* x2Optional,
+                                          const mrTensor* biasOptional,
+                                          const mrTensor* scalesOptional,
+                                          const mrTensor* expertIdxOptional, int64_t dropPadMode,
+                                          mrTensorDesc* out) MR_NOEXCEPT;
+
+/**
+ * Phase one of V2 (arguments in the order of aclnnMoeFinalizeRoutingV2GetWorkspaceSize). Inputs
+ * and attribute as in mrMoeFinalizeRoutingV2InferShape; out, workspaceSize (0), executor and
+ * returns as in mrMoeFinalizeRoutingGetWorkspaceSize.
+ */
+mrStatus mrMoeFinalizeRoutingV2GetWorkspaceSize(
+    const mrTensor* expandedX, const mrTensor* expandedRowIdx, const mrTensor* x1Optional,
+    const mrTensor* x2Optional, const mrTensor* biasOptional, const mrTensor* scalesOptional,
+    const mrTensor* expertIdxOptional, int64_t dropPadMode, mrTensor* out, uint64_t* workspaceSize,
+    mrExecutor** executor) MR_NOEXCEPT;
+
+/**
+ * Phase two of V2. As mrMoeFinalizeRouting.
+ */
+mrStatus mrMoeFinalizeRoutingV2(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                                mrStream stream) MR_NOEXCEPT;
+
+/* ------------------------------------------------------------------------------------------ */
+/* moe_finalize_routing_grad (aclnnMoeFinalizeRoutingV2Grad)                                   */
+/* ------------------------------------------------------------------------------------------ */
+/*
+ * The backward of V2 in the row layout (the forward's dropPadMode 2 and 3 are this one's 0 and
+ * 1). For every pair p = i*K + t that is not dropped (-1, or an index in [activeNum, N*K)), with
+ * row r = expandedRowIdx[p] and expert e = expertIdx[p]:
+ *   gradExpandedX[r] = gradY[i] * scales[p] (float32 product, one rounding; gradY[i] without
+ *                      scales); rows no pair names are zero;
+ *   gradScales[p]    = sum over j of (expandedX[r, j] + bias[e, j]) * gradY[i, j], products
+ *                      rounded to float32, summed in the order of the executor's numerics
+ *                      (docs/moe_finalize_routing.md); 0 for a dropped pair;
+ *   gradBias[e]      = sum over e's pairs in increasing p of scales[p] * gradY[i] (gradY[i]
+ *                      without scales), float32, one rounding: moe_routing's own output (CANN has
+ *                      none), what autograd needs for bias.
+ * The CPU backend needs a workspace for its pair lists (phase one reports its size; phase two
+ * allocates nothing).
+ */
+
+/**
+ * The shapes and dtypes of the backward's outputs, without data. Arguments in the order of
+ * aclnnMoeFinalizeRoutingV2GradGetWorkspaceSize (gradBiasOut added at the end).
+ *
+ * @param gradY              float32/float16/bfloat16 [N, H].
+ * @param expandedRowIdx     int32 [N*K], row layout.
+ * @param expandedXOptional  the forward's expandedX: the shape of gradExpandedX; needed for
+ *                           gradScales.
+ * @param scalesOptional     [N, K], dtype of gradY, or float32 with bfloat16; without it
+ *                           K = len(expandedRowIdx) / N and each pair's row copies gradY[i].
+ * @param expertIdxOptional  int32 [N, K]; needed by biasOptional.
+ * @param biasOptional       [E, H], dtype of gradY (E = expertNum in drop-pad).
+ * @param dropPadMode        0 (dropless) or 1 (drop-pad).
+ * @param activeNum          >= 0; dropPadMode 0: 0 < activeNum < N*K gives [activeNum, H] rows.
+ * @param expertNum, expertCapacity  E, C >= 0; dropPadMode 1: gradExpandedX is [E, C, H].
+ * @param gradExpandedXOut   receives [N*K or activeNum, H] or [E, C, H], dtype of gradY.
+ * @param gradScalesOut      receives [N, K], dtype of scales; produced with scales and expandedX.
+ * @param gradBiasOut        receives [E, H], dtype of gradY; produced with bias.
+ *                           (None of the three may be NULL; unchanged on failure.)
+ * @return MR_SUCCESS, MR_ERROR_INVALID_ARGUMENT.
+ */
+mrStatus mrMoeFinalizeRoutingV2GradInferShape(
+    const mrTensor* gradY, const mrTensor* expandedRowIdx, const mrTensor* expandedXOptional,
+    const mrTensor* scalesOptional, const mrTensor* expertIdxOptional, const mrTensor* biasOptional,
+    int64_t dropPadMode, int64_t activeNum, int64_t expertNum, int64_t expertCapacity,
+    mrTensorDesc* gradExpandedXOut, mrTensorDesc* gradScalesOut,
+    mrTensorDesc* gradBiasOut) MR_NOEXCEPT;
+
+/**
+ * Phase one of the backward (arguments in the order of
+ * aclnnMoeFinalizeRoutingV2GradGetWorkspaceSize, gradBiasOut added after gradScalesOut). Inputs
+ * and attributes as in mrMoeFinalizeRoutingV2GradInferShape; the numerics are
+ * MR_NUMERICS_ATLAS_A2 unless mrSetNumerics changes them.
+ *
+ * @param gradExpandedXOut  required, exactly as inferred.
+ * @param gradScalesOut     NULL (not computed) or exactly as inferred; needs scales and
+ *                          expandedX.
+ * @param gradBiasOut       NULL (not computed) or exactly as inferred; needs bias.
+ *                          No output may share memory with an input or another output.
+ * @param workspaceSize     receives the workspace size phase two needs (CPU tensors: the pair
+ *                          lists, about 4 bytes per pair and per row of gradExpandedX, and per
+ *                          pair and expert with gradBiasOut; CUDA tensors: 0). Must not be NULL.
+ * @param executor          receives the plan; set to NULL on failure. Must not be NULL.
+ * @return as mrMoeFinalizeRoutingGetWorkspaceSize.
+ */
+mrStatus mrMoeFinalizeRoutingV2GradGetWorkspaceSize(
+    const mrTensor* gradY, const mrTensor* expandedRowIdx, const mrTensor* expandedXOptional,
+    const mrTensor* scalesOptional, const mrTensor* expertIdxOptional, const mrTensor* biasOptional,
+    int64_t dropPadMode, int64_t activeNum, int64_t expertNum, int64_t expertCapacity,
+    mrTensor* gradExpandedXOut, mrTensor* gradScalesOut, mrTensor* gradBiasOut,
+    uint64_t* workspaceSize, mrExecutor** executor) MR_NOEXCEPT;
+
+/**
+ * Phase two of the backward: checks every index value, then writes the outputs. Frees the
+ * executor, whatever the result. Arguments as in mrMoeInitRoutingV2Grad.
+ * @return MR_SUCCESS; MR_ERROR_INDEX_OUT_OF_RANGE naming the first bad position and its value;
+ *         MR_ERROR_INVALID_ARGUMENT (executor; a workspace NULL with a size, or smaller than
+ *         phase one reported).
+ */
+mrStatus mrMoeFinalizeRoutingV2Grad(void* workspace, uint64_t workspaceSize, mrExecutor* executor,
+                                    mrStream stream) MR_NOEXCEPT;
 
 #ifdef __cplusplus
 } /* extern "C" */

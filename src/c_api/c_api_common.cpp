@@ -227,9 +227,10 @@ Status require_live_executor(const char* function, const mrExecutor* handle,
 
 Status begin_phase_two(const char* op, Executor::Operator op_kind, const mrExecutor* handle,
                        const Executor* executor, const void* workspace, uint64_t workspace_size) {
-  static const char* const kMadeBy[] = {"mrMoeInitRoutingV2GradGetWorkspaceSize",
-                                        "mrMoeInitRoutingV2GetWorkspaceSize",
-                                        "mrMoeInitRoutingGetWorkspaceSize"};
+  static const char* const kMadeBy[] = {
+      "mrMoeInitRoutingV2GradGetWorkspaceSize", "mrMoeInitRoutingV2GetWorkspaceSize",
+      "mrMoeInitRoutingGetWorkspaceSize",       "mrMoeFinalizeRoutingGetWorkspaceSize",
+      "mrMoeFinalizeRoutingV2GetWorkspaceSize", "mrMoeFinalizeRoutingV2GradGetWorkspaceSize"};
   MOE_ROUTING_RETURN_IF_ERROR(require_live_executor(op, handle, executor));
   if (executor->op != op_kind)
     return invalid_argument(op, "executor must come from ", kMadeBy[int(op_kind)],
@@ -357,6 +358,13 @@ mrStatus mrSetNumerics(mrExecutor* executor, mrNumerics numerics) noexcept {
         found.executor->routing.attrs.numerics = chosen;
         break;
       case Executor::Operator::moe_init_routing_v2: break;  // no numerics-dependent arithmetic
+      case Executor::Operator::moe_finalize_routing:
+      case Executor::Operator::moe_finalize_routing_v2:
+        found.executor->finalize.attrs.numerics = chosen;
+        break;
+      case Executor::Operator::moe_finalize_routing_v2_grad:
+        found.executor->finalize_grad.attrs.numerics = chosen;
+        break;
     }
     return Status::ok();
   });

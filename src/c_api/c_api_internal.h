@@ -10,6 +10,7 @@
 #include <mutex>
 #include <new>
 
+#include "moe_routing/moe_finalize_routing.h"
 #include "moe_routing/moe_init_routing.h"
 #include "moe_routing/moe_init_routing_grad.h"
 #include "moe_routing/moe_routing.h"
@@ -29,7 +30,7 @@ struct mrTensor {
 namespace moe_routing::c_api {
 
 /// A planned call: copies of the tensor views (not the handles) and the attributes, so the
-/// handles may be destroyed between the phases. One struct for the three operators; `op` says
+/// handles may be destroyed between the phases. One struct for every operator; `op` says
 /// which members are in use. The caller never sees its address: an mrExecutor* is a serial
 /// number the registry (c_api_common.cpp) maps to the Executor while it is live.
 struct Executor {
@@ -38,7 +39,14 @@ struct Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  enum class Operator : int32_t { moe_init_routing_grad, moe_init_routing_v2, moe_init_routing };
+  enum class Operator : int32_t {
+    moe_init_routing_grad,
+    moe_init_routing_v2,
+    moe_init_routing,
+    moe_finalize_routing,  // V1 (api v1)
+    moe_finalize_routing_v2,
+    moe_finalize_routing_v2_grad,
+  };
   Operator op = Operator::moe_init_routing_grad;
   /// Fixed in phase one (the library default then), so that the workspace size reported there
   /// is the one phase two needs even if the default changes in between.
@@ -67,6 +75,16 @@ struct Executor {
         expanded_scale, expanded_topk_weight;
     moe_routing::MoeInitRoutingAttrs attrs;
   } routing;
+  struct Finalize {  // V1 and V2 (attrs.api tells)
+    moe_routing::MoeFinalizeRoutingInputs in;
+    moe_routing::TensorView out;
+    moe_routing::MoeFinalizeRoutingAttrs attrs;
+  } finalize;
+  struct FinalizeGrad {
+    moe_routing::MoeFinalizeRoutingGradInputs in;
+    moe_routing::MoeFinalizeRoutingGradOutputs out;
+    moe_routing::MoeFinalizeRoutingGradAttrs attrs;
+  } finalize_grad;
 };
 
 /// Stores a failure's text as this thread's last error (a success leaves it) and returns the code.

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "moe_routing/tensor.h"
+#include "params/finalize_routing_problem.h"
 #include "params/moe_init_routing_grad_problem.h"
 #include "params/moe_init_routing_problem.h"
 
@@ -50,5 +51,33 @@ void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, 
 
 /// The threads moe_init_routing_grad runs a call of `plan` on (as moe_init_routing_threads).
 int moe_init_routing_grad_threads(const MoeInitRoutingGradPlan& plan, int num_threads);
+
+/// moe_finalize_routing: units of (output row, column tile) in parallel, each output element's
+/// terms taken in increasing k in the problem's arithmetic (cpu/finalize_kernel_impl.h).
+/// Allocates nothing. The problem has at least one output element. Arguments as for
+/// moe_init_routing.
+void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num_threads,
+                          CpuIsa isa);
+
+/// The threads moe_finalize_routing runs a call of `plan` on (as moe_init_routing_threads).
+int moe_finalize_routing_threads(const MoeFinalizeRoutingPlan& plan, int num_threads);
+
+/// The most threads moe_finalize_routing_grad runs a call of `plan` on (as
+/// moe_init_routing_threads; grad_scales and grad_bias counted as if requested).
+int moe_finalize_routing_grad_threads(const MoeFinalizeRoutingGradPlan& plan, int num_threads);
+
+/// Bytes of scratch moe_finalize_routing_grad needs: the non-dropped pairs listed by row of
+/// grad_expanded_x and, with grad_bias, by expert (independent of the thread count).
+uint64_t finalize_grad_workspace_bytes(int64_t pairs, int64_t expanded_rows, int64_t experts,
+                                       bool grad_bias);
+
+/// moe_finalize_routing_grad: the pair lists (a counting sort, so each row's and each expert's
+/// pairs are in increasing pair index), then rows of grad_expanded_x with the grad_scales of
+/// their pairs, then (expert, column tile) units of grad_bias, in parallel. The lists live in
+/// `workspace` (finalize_grad_workspace_bytes, any alignment); with a null workspace the backend
+/// allocates them before the first output is written (std::bad_alloc leaves the outputs
+/// untouched). Indices must be checked. Arguments as for moe_init_routing.
+void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem problem, int num_threads,
+                               CpuIsa isa, void* workspace);
 
 }  // namespace moe_routing::cpu

@@ -27,45 +27,10 @@
 
 #include "core/float_env.h"
 #include "cpu/grad_kernel.h"
+#include "cpu/scalar_ops.h"
 #include "moe_routing/dtype.h"
 
 namespace moe_routing::cpu::MOE_ROUTING_CPU_ISA {
-
-struct Fp32Tag {
-  using storage = float;
-  static float widen(const float* p) { return *p; }
-  static void narrow(float* p, float v) { *p = canonicalize_nan(v); }
-};
-struct Fp16Tag {
-  using storage = uint16_t;
-  static float widen(const uint16_t* p) { return fp16_to_float(*p); }
-  static void narrow(uint16_t* p, float v) { *p = float_to_fp16(v); }
-};
-struct Bf16Tag {
-  using storage = uint16_t;
-  static float widen(const uint16_t* p) { return bf16_to_float(*p); }
-  static void narrow(uint16_t* p, float v) { *p = float_to_bf16(v); }
-};
-
-/// Fallback vector interface: one float per "vector". Every Ops has the same members.
-struct ScalarOps {
-  using V = float;
-  static constexpr int W = 1;
-  static V zero() { return 0.0f; }
-  static V add(V a, V b) { return a + b; }
-  static V load_float(const float* p) { return *p; }
-  static void store_float(float* p, V v) { *p = v; }
-  template <class Tag>
-  static V load(const typename Tag::storage* p) {
-    return Tag::widen(p);
-  }
-  /// Narrows once (RNE) and stores; NaN becomes the canonical NaN.
-  template <class Tag, bool Stream = false>
-  static void store(typename Tag::storage* p, V v) {
-    Tag::narrow(p, v);
-  }
-  static void stream_fence() {}
-};
 
 // ---- registers path -------------------------------------------------------------------------
 

@@ -3,8 +3,27 @@
 #include "core/thread_pool.h"
 
 #include <cstdint>
+#include <limits>
 
 namespace moe_routing::detail {
+
+Status check_dims_non_negative(const char* op, const char* name, const TensorView& t) {
+  for (int d = 0; d < t.ndim; ++d)
+    if (t.shape[d] < 0)
+      return invalid_argument(op, name, " dimensions must be >= 0, got ", shape_string(t));
+  return Status::ok();
+}
+
+Status check_element_count(const char* op, const char* name, const TensorView& t) {
+  const int64_t count = t.numel();
+  const int64_t element = int64_t(dtype_size(t.dtype));
+  if (count == std::numeric_limits<int64_t>::max() ||
+      (element > 0 && count > std::numeric_limits<int64_t>::max() / element))
+    return invalid_argument(op, name, " has too many elements (more than 2^63 - 1 bytes), got ",
+                            shape_string(t));
+  return Status::ok();
+}
+
 namespace {
 
 /// The bytes a view covers, [begin, end) as addresses; empty for null data or no elements. The

@@ -12,6 +12,20 @@
 
 namespace moe_routing::detail {
 
+// ---- shape-level helpers of the operators' shape inference ----------------------------------
+
+/// An absent optional tensor: the default view (data null, no dimensions).
+inline bool is_absent(const TensorView& t) { return t.data == nullptr && t.ndim == 0; }
+
+/// "<op><name> dimensions must be >= 0, got [..]" for a negative extent.
+Status check_dims_non_negative(const char* op, const char* name, const TensorView& t);
+
+/// "<op><name> has too many elements (more than 2^63 - 1 bytes), got [..]" when its element
+/// count or byte size does not fit int64.
+Status check_element_count(const char* op, const char* name, const TensorView& t);
+
+// ---- the call --------------------------------------------------------------------------------
+
 /// An input tensor of a call. An absent optional input is the default view (data null, ndim 0).
 struct CallInput {
   const char* name;

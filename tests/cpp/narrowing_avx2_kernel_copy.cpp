@@ -1,12 +1,8 @@
-// The AVX2 grad kernel's translation unit (src/cpu/grad_kernel_avx2.cpp) compiled once more, into
-// the exhaustive narrowing test only, with the same -mavx2 -mf16c: its narrowing primitives live in
-// an unnamed namespace, and this is how the test calls those very functions rather than a copy of
-// their text. The file's one external function is renamed so that it cannot collide with the
-// library's.
-#define grad_kernel grad_kernel_compiled_for_the_narrowing_test
-#include "cpu/grad_kernel_avx2.cpp"
-#undef grad_kernel
-
+// The AVX2 kernels' narrowing primitives (Avx2Ops in src/cpu/avx2_vector.h, the header both AVX2
+// kernels store through), compiled into the exhaustive narrowing test with the same -mavx2 -mf16c:
+// the test calls those very functions, not a copy of their text.
+#define MOE_ROUTING_CPU_ISA avx2
+#include "cpu/avx2_vector.h"
 #include "narrowing_sweep.h"
 
 namespace moe_routing::testing {

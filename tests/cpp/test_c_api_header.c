@@ -93,10 +93,76 @@ static void check_two_phases(void) {
   mrDestroyTensor(out);
 }
 
+/* The combine from C: the spec's example (mode 2, N = 2, K = 2, H = 1) through V2, then its
+ * backward with H = 1; V1 refuses a NULL x1. */
+static void check_finalize(void) {
+  float expanded_x[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  int32_t expanded_row_idx[4] = {1, 3, 0, 2};
+  float scales[4] = {0.5f, 0.25f, 2.0f, 1.0f};
+  float x1[2] = {10.0f, 20.0f};
+  float out[2] = {-1.0f, -1.0f};
+  float grad_expanded_x[4] = {-1.0f, -1.0f, -1.0f, -1.0f};
+  float grad_scales[4] = {-1.0f, -1.0f, -1.0f, -1.0f};
+  const int64_t rows_shape[2] = {4, 1}, idx_shape[1] = {4}, nk_shape[2] = {2, 2},
+                nh_shape[2] = {2, 1};
+  mrTensor *ex = NULL, *idx = NULL, *sc = NULL, *a = NULL, *o = NULL, *gex = NULL, *gs = NULL;
+  mrExecutor* executor = NULL;
+  uint64_t workspace_size = 99;
+  unsigned char workspace[256];
+  mrTensorDesc desc;
+
+  EXPECT(mrCreateTensor(rows_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, expanded_x, &ex) == MR_SUCCESS);
+  EXPECT(mrCreateTensor(idx_shape, 1, MR_INT32, MR_DEVICE_CPU, expanded_row_idx, &idx) ==
+         MR_SUCCESS);
+  EXPECT(mrCreateTensor(nk_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, scales, &sc) == MR_SUCCESS);
+  EXPECT(mrCreateTensor(nh_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, x1, &a) == MR_SUCCESS);
+  EXPECT(mrCreateTensor(nh_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, out, &o) == MR_SUCCESS);
+  EXPECT(mrMoeFinalizeRoutingV2InferShape(ex, idx, a, NULL, NULL, sc, NULL, 2, &desc) ==
+         MR_SUCCESS);
+  EXPECT(desc.produced && desc.ndim == 2 && desc.shape[0] == 2 && desc.shape[1] == 1);
+  EXPECT(mrMoeFinalizeRoutingV2GetWorkspaceSize(ex, idx, a, NULL, NULL, sc, NULL, 2, o,
+                                                &workspace_size, &executor) == MR_SUCCESS);
+  EXPECT(workspace_size == 0 && executor != NULL);
+  EXPECT(mrSetNumerics(executor, MR_NUMERICS_ASCEND_950) == MR_SUCCESS);
+  EXPECT(mrMoeFinalizeRoutingV2(NULL, 0, executor, NULL) == MR_SUCCESS);
+  EXPECT(out[0] == 12.0f && out[1] == 25.0f);
+
+  EXPECT(mrMoeFinalizeRoutingGetWorkspaceSize(ex, NULL, NULL, NULL, sc, idx, NULL, o,
+                                              &workspace_size,
+                                              &executor) == MR_ERROR_INVALID_ARGUMENT);
+  EXPECT(strcmp(mrGetLastErrorMessage(), "moe_finalize_routing: x1 must not be NULL, got NULL") ==
+         0);
+  EXPECT(executor == NULL);
+
+  /* Backward with grad_y = out's shape [2, 1] of ones: grad_expanded_x[idx[p]] = scales[p],
+   * grad_scales[p] = expanded_x[idx[p]]. */
+  out[0] = out[1] = 1.0f;
+  EXPECT(mrCreateTensor(rows_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, grad_expanded_x, &gex) ==
+         MR_SUCCESS);
+  EXPECT(mrCreateTensor(nk_shape, 2, MR_FLOAT32, MR_DEVICE_CPU, grad_scales, &gs) == MR_SUCCESS);
+  EXPECT(mrMoeFinalizeRoutingV2GradGetWorkspaceSize(o, idx, ex, sc, NULL, NULL, 0, 0, 0, 0, gex, gs,
+                                                    NULL, &workspace_size,
+                                                    &executor) == MR_SUCCESS);
+  EXPECT(workspace_size > 0 && workspace_size <= sizeof workspace && executor != NULL);
+  EXPECT(mrMoeFinalizeRoutingV2Grad(workspace, workspace_size, executor, NULL) == MR_SUCCESS);
+  EXPECT(grad_expanded_x[0] == 2.0f && grad_expanded_x[1] == 0.5f && grad_expanded_x[2] == 1.0f &&
+         grad_expanded_x[3] == 0.25f);
+  EXPECT(grad_scales[0] == 2.0f && grad_scales[1] == 4.0f && grad_scales[2] == 1.0f &&
+         grad_scales[3] == 3.0f);
+  mrDestroyTensor(ex);
+  mrDestroyTensor(idx);
+  mrDestroyTensor(sc);
+  mrDestroyTensor(a);
+  mrDestroyTensor(o);
+  mrDestroyTensor(gex);
+  mrDestroyTensor(gs);
+}
+
 int main(void) {
   check_constants();
   check_null_handling();
   check_two_phases();
+  check_finalize();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;

@@ -129,7 +129,8 @@ TEST(CliHelp, TopLevelHelpVersionAndUnknownCommands) {
   const CliResult unknown = run_cli(dir, {"frobnicate"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_NE(unknown.err.find("moe-routing: command must be one of golden init-routing-v2, golden "
-                             "init-routing, golden grad, demo, bench, info, help, --help, "
+                             "init-routing, golden grad, golden finalize-routing, golden "
+                             "finalize-routing-grad, demo, bench, info, help, --help, "
                              "--version, got 'frobnicate'"),
             std::string::npos)
       << unknown.err;
@@ -137,7 +138,8 @@ TEST(CliHelp, TopLevelHelpVersionAndUnknownCommands) {
   const CliResult group = run_cli(dir, {"golden"});
   EXPECT_EQ(group.exit_code, 2);
   EXPECT_NE(group.err.find("moe-routing: golden: subcommand must be one of golden "
-                           "init-routing-v2, golden init-routing, golden grad, got none"),
+                           "init-routing-v2, golden init-routing, golden grad, golden "
+                           "finalize-routing, golden finalize-routing-grad, got none"),
             std::string::npos)
       << group.err;
   const CliResult group_help = run_cli(dir, {"help", "golden"});
@@ -233,15 +235,16 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
                                     "1", "--threads", "2", "--dtype", "fp16", "--csv", csv});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("copy GB/s"), std::string::npos) << r.out;
-  // 2 token counts x (3 backward + 2 forward scenarios), each a row naming its scenario.
-  for (const char* scenario : {"dropless", "active", "drop_pad"})
+  // 2 token counts x (3 backward + 2 forward scenarios + the combine and its backward), each a
+  // row naming its scenario.
+  for (const char* scenario : {"dropless", "active", "drop_pad", "finalize-grad"})
     EXPECT_NE(r.out.find(scenario), std::string::npos) << r.out;
   std::ifstream in(csv);
   std::string line;
   int lines = 0;
   while (std::getline(in, line)) ++lines;
-  EXPECT_EQ(lines, 1 + 2 * 5);
-  EXPECT_NE(r.err.find("[bench 10/10]"), std::string::npos) << r.err;
+  EXPECT_EQ(lines, 1 + 2 * 7);
+  EXPECT_NE(r.err.find("[bench 14/14]"), std::string::npos) << r.err;
   // Every row carries the copy bandwidth measured next to it (a positive number in the CSV).
   std::ifstream again(csv);
   std::getline(again, line);

@@ -1,14 +1,15 @@
 // The float environment is part of the contract: the reference implementations and the CPU
 // kernels run in the IEEE default one (core/float_env.h) whatever the caller set. With
 // flush-to-zero and denormals-are-zero set in MXCSR first, as torch.set_flush_denormal(True)
-// does, both operators still give, from every backend, ISA and thread count, exactly the bits the
-// reference gives without them, on inputs whose results hang on subnormals; and the caller's
-// setting is back when the call returns.
+// does, every operator (the dispatch, its backward, the combine and its backward) still gives, from
+// every backend, ISA and thread count, exactly the bits the reference gives without them, on inputs
+// whose results hang on subnormals; and the caller's setting is back when the call returns.
 #if defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 
 #include <cmath>
 
+#include "finalize_cases.h"
 #include "grad_cases.h"
 #include "routing_cases.h"
 
@@ -132,6 +133,57 @@ TEST(FloatEnvironment, ForwardQuantisationGivesTheSameBitsUnderFlushToZero) {
           EXPECT_TRUE(flushing()) << "the caller's setting must be back: " << runner.name();
         }
       }
+}
+
+TEST(FloatEnvironment, CombineGivesTheSameBitsUnderFlushToZero) {
+  Random rng(611);
+  const Runner reference{Backend::reference, CpuIsa::automatic, 1};
+  for (Numerics numerics : kFinalizeNumerics) {
+    SCOPED_TRACE(numerics_name(numerics));
+    // float32 subnormal rows, x1 and bias, scales in [1, 4]: every step's result is subnormal.
+    FinalizeOptions o;
+    o.x1 = o.bias = o.scales = true;
+    FinalizeCase c = make_finalize_case(rng, DType::float32, 2, numerics, o, 7, 3, 37);
+    c.expanded_x = FloatBuffer::from_floats(DType::float32, subnormals(rng, c.expanded_x.count()));
+    c.x1 = FloatBuffer::from_floats(DType::float32, subnormals(rng, c.x1.count()));
+    c.bias = FloatBuffer::from_floats(DType::float32, subnormals(rng, c.bias.count()));
+    std::vector<float> scales(static_cast<size_t>(c.scales.count()));
+    for (float& v : scales) v = float(rng.integer(1, 4));
+    c.scales = FloatBuffer::from_floats(DType::float32, scales);
+    const FloatBuffer expected = run_finalize_case(c, reference);
+    int64_t subnormal_results = 0;
+    for (int64_t i = 0; i < expected.count(); ++i)
+      subnormal_results += is_subnormal(expected.at(i));
+    ASSERT_GT(subnormal_results, expected.count() / 2) << "the case must hang on subnormals";
+
+    // The backward on subnormal grad_y: grad_expanded_x rows and the grad_scales products.
+    GradOptions g;
+    g.bias = g.grad_bias = true;
+    FinalizeGradCase gc = make_finalize_grad_case(rng, DType::float32, 0, numerics, g, 7, 3, 37);
+    gc.grad_y = FloatBuffer::from_floats(DType::float32, subnormals(rng, gc.grad_y.count()));
+    // expanded_x and bias small enough that (x + bias) * grad_y and the sums stay subnormal.
+    auto small = [&rng](int64_t count) {
+      std::vector<float> v(static_cast<size_t>(count));
+      for (float& f : v) f = float(rng.integer(-4, 4)) * 0x1p-10f;
+      return FloatBuffer::from_floats(DType::float32, v);
+    };
+    gc.expanded_x = small(gc.expanded_x.count());
+    gc.bias = small(gc.bias.count());
+    gc.scales = FloatBuffer::from_floats(DType::float32, scales);
+    const GradResult grad_expected = run_finalize_grad_case(gc, reference);
+    int64_t subnormal_grads = 0;
+    for (int64_t i = 0; i < grad_expected.grad_scales.count(); ++i)
+      subnormal_grads += is_subnormal(grad_expected.grad_scales.at(i));
+    ASSERT_GT(subnormal_grads, 0) << "grad_scales must hang on subnormals";
+
+    FlushDenormals flush;
+    for (const Runner& runner : all_runners()) {
+      EXPECT_TRUE(bitwise_equal(expected, run_finalize_case(c, runner))) << runner.name();
+      EXPECT_TRUE(grad_results_equal(grad_expected, run_finalize_grad_case(gc, runner)))
+          << runner.name();
+      EXPECT_TRUE(flushing()) << "the caller's setting must be back: " << runner.name();
+    }
+  }
 }
 
 }  // namespace

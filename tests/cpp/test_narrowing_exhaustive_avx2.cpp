@@ -1,5 +1,5 @@
-// The AVX2 grad kernel's narrowing primitives (Avx2Ops::narrow_fp16, round_bf16_high and
-// canonical_fp32 in src/cpu/grad_kernel_avx2.cpp, reached through narrowing_avx2_kernel_copy.cpp)
+// The AVX2 kernels' narrowing primitives (Avx2Ops::narrow_fp16, round_bf16_high and
+// canonical_fp32 in src/cpu/avx2_vector.h, reached through narrowing_avx2_kernel_copy.cpp)
 // against the x86 hardware conversions for all 2^32 float32 bit patterns, with the references of
 // test_narrowing_exhaustive.cpp: F16C for float16, AVX512_BF16 or the exact model for bfloat16,
 // the canonical quiet NaN for NaN inputs (docs/decisions.md §4), the input itself for the float32

@@ -88,7 +88,7 @@ void fill_floats(Buffer& b, uint64_t seed) {
     values[i] = float(rng.integer(-1000, 1000)) / 256.0f;
 }
 
-/// Runs a forward phase two with a workspace of the reported size (> 0), counting allocations.
+/// Runs a phase two with a workspace of the reported size (> 0), counting allocations.
 void expect_forward_phase_two_allocates_nothing(mrStatus (*phase_two)(void*, uint64_t, mrExecutor*,
                                                                       mrStream),
                                                 uint64_t ws, mrExecutor* executor,
@@ -237,6 +237,87 @@ TEST_F(NoAllocation, MoeInitRoutingPhaseTwo) {
         << c.name << ": " << mrGetLastErrorMessage();
     expect_forward_phase_two_allocates_nothing(&mrMoeInitRouting, ws, executor, c.name);
   }
+}
+
+/// A permutation of [0, n): p -> p * 7919 mod n (n a multiple of 8, so coprime to 7919).
+void fill_permutation(Buffer& b, int64_t n) {
+  int32_t* rows = reinterpret_cast<int32_t*>(b.bytes.data());
+  for (int64_t p = 0; p < n; ++p) rows[p] = int32_t(p * 7919 % n);
+}
+
+// The combine's forward needs no workspace at all (size 0): every layout, V1 and V2, both
+// numerics, bfloat16 with float32 scales and every optional input.
+TEST_F(NoAllocation, MoeFinalizeRoutingPhaseTwo) {
+  const int64_t pairs = kTokens * kTopK, capacity = pairs / kExperts;
+  for (int v1 = 0; v1 < 2; ++v1)
+    for (int64_t mode = 0; mode < (v1 ? 1 : 4); ++mode)
+      for (mrNumerics numerics : {MR_NUMERICS_ATLAS_A2, MR_NUMERICS_ASCEND_950}) {
+        const std::string name = std::string(v1 ? "V1" : "V2") + " mode " + std::to_string(mode) +
+                                 " numerics " + std::to_string(numerics);
+        const bool drop_pad = mode == 1 || mode == 3;
+        Buffer ex(MR_BFLOAT16, drop_pad ? std::vector<int64_t>{kExperts, capacity, kHidden}
+                                        : std::vector<int64_t>{pairs, kHidden});
+        Buffer idx(MR_INT32, {pairs}), experts(MR_INT32, {kTokens, kTopK});
+        Buffer x1(MR_BFLOAT16, {kTokens, kHidden}), x2(MR_BFLOAT16, {kTokens, kHidden});
+        Buffer bias(MR_BFLOAT16, {kExperts, kHidden}), scales(MR_FLOAT32, {kTokens, kTopK});
+        Buffer out(MR_BFLOAT16, {kTokens, kHidden});
+        fill_permutation(idx, pairs);
+        fill_ids(experts, 0, kExperts - 1, 6);
+        fill_floats(scales, 7);
+        uint64_t ws = 1;
+        mrExecutor* executor = nullptr;
+        const mrStatus planned =
+            v1 ? mrMoeFinalizeRoutingGetWorkspaceSize(ex.handle, x1.handle, x2.handle, bias.handle,
+                                                      scales.handle, idx.handle, experts.handle,
+                                                      out.handle, &ws, &executor)
+               : mrMoeFinalizeRoutingV2GetWorkspaceSize(ex.handle, idx.handle, x1.handle, x2.handle,
+                                                        bias.handle, scales.handle, experts.handle,
+                                                        mode, out.handle, &ws, &executor);
+        ASSERT_EQ(planned, MR_SUCCESS) << name << ": " << mrGetLastErrorMessage();
+        EXPECT_EQ(ws, 0u) << name;
+        ASSERT_EQ(mrSetNumerics(executor, numerics), MR_SUCCESS);
+        mrStatus status = MR_ERROR_INTERNAL;
+        EXPECT_EQ(allocations_during([&] {
+                    status = v1 ? mrMoeFinalizeRouting(nullptr, 0, executor, nullptr)
+                                : mrMoeFinalizeRoutingV2(nullptr, 0, executor, nullptr);
+                  }),
+                  0)
+            << name;
+        EXPECT_EQ(status, MR_SUCCESS) << name << ": " << mrGetLastErrorMessage();
+      }
+}
+
+// The combine's backward keeps its pair lists (by row, and by expert for gradBias) in the
+// caller's workspace.
+TEST_F(NoAllocation, MoeFinalizeRoutingV2GradPhaseTwo) {
+  const int64_t pairs = kTokens * kTopK, capacity = pairs / kExperts;
+  for (int64_t mode : {0, 1})
+    for (mrNumerics numerics : {MR_NUMERICS_ATLAS_A2, MR_NUMERICS_ASCEND_950}) {
+      const std::string name =
+          "mode " + std::to_string(mode) + " numerics " + std::to_string(numerics);
+      const std::vector<int64_t> rows_shape =
+          mode == 1 ? std::vector<int64_t>{kExperts, capacity, kHidden}
+                    : std::vector<int64_t>{pairs, kHidden};
+      Buffer gy(MR_BFLOAT16, {kTokens, kHidden}), idx(MR_INT32, {pairs});
+      Buffer ex(MR_BFLOAT16, rows_shape), scales(MR_FLOAT32, {kTokens, kTopK});
+      Buffer experts(MR_INT32, {kTokens, kTopK}), bias(MR_BFLOAT16, {kExperts, kHidden});
+      Buffer gex(MR_BFLOAT16, rows_shape), gs(MR_FLOAT32, {kTokens, kTopK});
+      Buffer gb(MR_BFLOAT16, {kExperts, kHidden});
+      fill_permutation(idx, pairs);
+      fill_ids(experts, 0, kExperts - 1, 8);
+      fill_floats(scales, 9);
+      uint64_t ws = 0;
+      mrExecutor* executor = nullptr;
+      ASSERT_EQ(mrMoeFinalizeRoutingV2GradGetWorkspaceSize(
+                    gy.handle, idx.handle, ex.handle, scales.handle, experts.handle, bias.handle,
+                    mode, 0, mode == 1 ? kExperts : 0, mode == 1 ? capacity : 0, gex.handle,
+                    gs.handle, gb.handle, &ws, &executor),
+                MR_SUCCESS)
+          << name << ": " << mrGetLastErrorMessage();
+      ASSERT_EQ(mrSetNumerics(executor, numerics), MR_SUCCESS);
+      expect_forward_phase_two_allocates_nothing(&mrMoeFinalizeRoutingV2Grad, ws, executor,
+                                                 name.c_str());
+    }
 }
 
 // The C++ API with ExecConfig::workspace: the same promise (the C ABI is built on it).

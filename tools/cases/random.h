@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <vector>
 
 #include "moe_routing/dtype.h"
 
@@ -51,5 +53,30 @@ class SplitMix64 {
 /// +-2^-e, e in 0..7), on several threads. Chunk c of 2^20 elements always gets the generator
 /// seeded with (seed, c), so the data never depends on the thread count.
 void fill_random(void* data, DType dtype, int64_t count, uint64_t seed);
+
+/// Signed zeros, NaN, +-Inf, subnormals of every type (float32's, float16's, bfloat16's), and
+/// values whose sums and products overflow float16, bfloat16 and float32.
+inline std::vector<float> special_floats() {
+  const float inf = std::numeric_limits<float>::infinity();
+  return {0.0f,
+          -0.0f,
+          inf,
+          -inf,
+          std::nanf(""),
+          -std::nanf(""),
+          std::numeric_limits<float>::denorm_min(),
+          -std::ldexp(1.0f, -130),
+          std::ldexp(1.0f, -24),
+          -std::ldexp(1.0f, -133),
+          65504.0f,
+          60000.0f,
+          -65504.0f,
+          -60000.0f,
+          3.38e38f,
+          3.4e38f,
+          -3.4e38f,
+          1.0f,
+          -1.0f};
+}
 
 }  // namespace moe_routing::cases

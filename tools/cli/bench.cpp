@@ -1,5 +1,6 @@
-// `moe-routing bench`: time the CPU kernels of both operators over realistic MoE shapes and report
-// them against this machine's copy bandwidth, measured in the same run.
+// `moe-routing bench`: time the CPU kernels of the operators (the dispatch, its backward, the
+// combine and its backward) over realistic MoE shapes and report them against this machine's copy
+// bandwidth, measured in the same run; --verify compares every row with the reference backend.
 #include <fcntl.h>
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
@@ -252,13 +253,14 @@ struct Row {
   /// the writes at the write bandwidth, whichever is longest.
   double limit_ms = 0;
   int64_t extra_memory = 0;
+  bool verified = false;  // --verify: the CPU kernels' outputs equal the reference's, bit for bit
 };
 
 class BenchCommand : public Command {
  public:
   CommandInfo info() const override {
     return {
-        "bench", "time both operators' CPU kernels on real MoE shapes against the copy bandwidth",
+        "bench", "time the operators' CPU kernels on real MoE shapes against the copy bandwidth",
         "For each shape (hidden size, experts, top_k of a real model), token count, operator and\n"
         "scenario: builds a seeded synthetic batch, warms up, then reports the median time of\n"
         "--runs runs, the bytes that must move (each input read once, each output written once;\n"
@@ -274,20 +276,34 @@ class BenchCommand : public Command {
         "with --threads, and the max%copy they allow each operator.\n\n"
         "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
         "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
-        "moe_init_routing (torch API / V4) dropless and drop-pad. Outputs are allocated and\n"
-        "touched before timing, so page faults are not measured.",
+        "moe_init_routing (torch API / V4) dropless and drop-pad; finalize = moe_finalize_routing\n"
+        "(V2, drop_pad_mode 2: the row layout the dispatch returns) of expanded_x with scales\n"
+        "(float32 with bf16, else the data's dtype); finalize-grad = moe_finalize_routing_grad\n"
+        "(dropless) with grad_expanded_x and grad_scales. Outputs are allocated and touched before "
+        "timing, so page faults are\n"
+        "not measured. --verify also runs every row once on the reference backend and compares "
+        "the\n"
+        "outputs bit for bit (exit status 1 when one differs).",
         "moe-routing bench\n"
         "moe-routing bench --op grad --shape deepseek-v3 --tokens 4096 --threads 2\n"
         "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv\n"
+        "moe-routing bench --op finalize --shape qwen3-30b --tokens 1,128,1024 --verify\n"
         "moe-routing bench --machine"};
   }
 
   void declare(ArgParser& p) override {
-    p.add_choice("--op", "operators to time", {"all", "grad", "init-routing"}, &op_);
+    p.add_choice("--op", "operators to time",
+                 {"all", "grad", "init-routing", "finalize", "finalize-grad"}, &op_);
     p.add_choice("--shape", "model shape (hidden/experts/top_k)", shape_choices(), &shape_);
     p.add_string("--tokens", "N,N,...", "token counts to sweep", &tokens_text_);
     p.add_choice("--dtype", "dtype of the float tensors", {"bf16", "fp16", "fp32"}, &dtype_text_);
     p.add_choice("--order", "backward accumulation order", {"tree", "sequential"}, &order_text_);
+    add_numerics_flag(p, "selects the combine's arithmetic (finalize, finalize-grad rows)",
+                      &numerics_);
+    p.add_switch("--verify",
+                 "also run every row once on the reference backend and compare the outputs bit "
+                 "for bit",
+                 &verify_);
     p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0,
               kMaxNumThreads);
     p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1,
@@ -302,7 +318,8 @@ class BenchCommand : public Command {
 
   int run(const ArgParser& parser) override {
     if (machine_)
-      for (const char* flag : {"--op", "--shape", "--tokens", "--dtype", "--order", "--csv"})
+      for (const char* flag :
+           {"--op", "--shape", "--tokens", "--dtype", "--order", "--numerics", "--csv", "--verify"})
         if (parser.given(flag))
           return report_error(
               invalid_argument("moe-routing: bench: ", flag,
@@ -337,11 +354,23 @@ class BenchCommand : public Command {
       if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
     const bool do_grad = op_ == "all" || op_ == "grad";
     const bool do_forward = op_ == "all" || op_ == "init-routing";
-    const size_t total =
-        shapes.size() * token_counts.size() * ((do_grad ? 3 : 0) + (do_forward ? 2 : 0));
+    const bool do_finalize = op_ == "all" || op_ == "finalize";
+    const bool do_finalize_grad = op_ == "all" || op_ == "finalize-grad";
+    const size_t total = shapes.size() * token_counts.size() *
+                         ((do_grad ? 3 : 0) + (do_forward ? 2 : 0) + (do_finalize ? 1 : 0) +
+                          (do_finalize_grad ? 1 : 0));
+    Numerics numerics = Numerics::atlas_a2;
+    parse_numerics(numerics_.c_str(), &numerics);  // the parser admitted only valid names
+    ExecConfig reference;
+    reference.backend = Backend::reference;
+    int failed = 0;
 
     std::vector<Row> rows;
-    auto time_call = [&](Row row, const std::function<Status()>& call) -> Status {
+    // `call(config)` runs the row's operator into `outputs` (every buffer it writes).
+    using Call = std::function<Status(const ExecConfig&)>;
+    auto time_call = [&](Row row, const Call& timed_call,
+                         const std::vector<std::vector<uint8_t>*>& outputs) -> Status {
+      auto call = [&] { return timed_call(config); };
       std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total,
                    row.op.c_str(), row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
       // Large rows: each timed run is paired with a copy measured just before it (and an untimed
@@ -381,6 +410,19 @@ class BenchCommand : public Command {
       row.limit_ms =
           1e3 * limit_seconds(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       row.ceiling = ceiling_of_copy(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
+      if (verify_) {  // the last timed run's outputs against the plain reference backend's
+        std::vector<std::vector<uint8_t>> kernels;
+        for (const std::vector<uint8_t>* o : outputs) kernels.push_back(*o);
+        MOE_ROUTING_RETURN_IF_ERROR(timed_call(reference));
+        row.verified = true;
+        for (size_t i = 0; i < outputs.size(); ++i) row.verified &= kernels[i] == *outputs[i];
+        if (!row.verified) {
+          ++failed;
+          std::fprintf(stderr, "[bench] verify: %s %s %s N=%lld differs from the reference\n",
+                       row.op.c_str(), row.scenario.c_str(), row.shape.c_str(),
+                       (long long)row.tokens);
+        }
+      }
       rows.push_back(row);
       return Status::ok();
     };
@@ -420,8 +462,10 @@ class BenchCommand : public Command {
                                problem.grad_shape.data());
             const TensorView idx(problem.expanded_row_idx.data(), DType::int32, {n * K});
             const TensorView o(out.data(), dtype, {n, H});
-            Status s =
-                time_call(row, [&] { return moe_init_routing_grad(g, idx, attrs, o, config); });
+            Status s = time_call(
+                row,
+                [&](const ExecConfig& c) { return moe_init_routing_grad(g, idx, attrs, o, c); },
+                {&out});
             if (!s.is_ok()) return report_error(s);
           }
         }
@@ -458,12 +502,93 @@ class BenchCommand : public Command {
             row.read_bytes = double(n * H) * esize + double(n * K) * 4.0;
             row.write_bytes = double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
                               double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
-            s = time_call(row, [&] {
-              return moe_init_routing(
-                  xv, iv, {}, {}, {}, attrs, view(ex, plan.expanded_x),
-                  view(eri, plan.expanded_row_idx), view(cnt, plan.expert_tokens_count_or_cumsum),
-                  view(sc, plan.expanded_scale), view(tw, plan.expanded_topk_weight), config);
-            });
+            s = time_call(row,
+                          [&](const ExecConfig& c) {
+                            return moe_init_routing(xv, iv, {}, {}, {}, attrs,
+                                                    view(ex, plan.expanded_x),
+                                                    view(eri, plan.expanded_row_idx),
+                                                    view(cnt, plan.expert_tokens_count_or_cumsum),
+                                                    view(sc, plan.expanded_scale),
+                                                    view(tw, plan.expanded_topk_weight), c);
+                          },
+                          {&ex, &eri, &cnt, &sc, &tw});
+            if (!s.is_ok()) return report_error(s);
+          }
+        }
+        if (do_finalize || do_finalize_grad) {
+          // The combine of the dispatch's dropless output: expanded_x [N*K, H] in the row layout
+          // of moe_init_routing_v2 (expanded_row_idx maps pair p to its sorted row), float32
+          // scales [N, K].
+          const std::vector<int32_t> rows_of_pairs =
+              forward_expanded_row_idx(expert_idx, K, routing_scenarios(n, K, E)[0]);
+          const int64_t R = n * K;
+          std::vector<uint8_t> expanded = random_floats(R * H, dtype, 11);
+          // float32 scales with bfloat16 data (the mixed-precision case of real models), else
+          // scales of the data's dtype (the only other kind the operator takes).
+          const DType scales_dtype = dtype == DType::bfloat16 ? DType::float32 : dtype;
+          const double ssize = double(dtype_size(scales_dtype));
+          std::vector<uint8_t> scales = random_floats(n * K, scales_dtype, 13);
+          const TensorView ev(expanded.data(), dtype, {R, H});
+          const TensorView rv(const_cast<int32_t*>(rows_of_pairs.data()), DType::int32, {R});
+          const TensorView sv(scales.data(), scales_dtype, {n, K});
+          if (do_finalize) {
+            MoeFinalizeRoutingInputs in;
+            in.expanded_x = ev;
+            in.expanded_row_idx = rv;
+            in.scales = sv;
+            MoeFinalizeRoutingAttrs attrs;
+            attrs.drop_pad_mode = 2;
+            attrs.numerics = numerics;
+            std::vector<uint8_t> out(size_t(n * H) * size_t(esize), 0);
+            Row row = base;
+            row.op = "finalize";
+            row.scenario = "dropless";
+            row.read_bytes = double(R * H) * esize + double(R) * (4.0 + ssize);
+            row.write_bytes = double(n * H) * esize;
+            const TensorView ov(out.data(), dtype, {n, H});
+            Status s = time_call(
+                row, [&](const ExecConfig& c) { return moe_finalize_routing(in, attrs, ov, c); },
+                {&out});
+            if (!s.is_ok()) return report_error(s);
+          }
+          if (do_finalize_grad) {
+            std::vector<uint8_t> grad_y = random_floats(n * H, dtype, 17);
+            MoeFinalizeRoutingGradInputs in;
+            in.grad_y = TensorView(grad_y.data(), dtype, {n, H});
+            in.expanded_row_idx = rv;
+            in.expanded_x = ev;
+            in.scales = sv;
+            MoeFinalizeRoutingGradAttrs attrs;
+            attrs.numerics = numerics;
+            std::vector<uint8_t> grad_expanded(size_t(R * H) * size_t(esize), 0);
+            std::vector<uint8_t> grad_scales(size_t(R) * size_t(ssize), 0);
+            MoeFinalizeRoutingGradOutputs out;
+            out.grad_expanded_x = TensorView(grad_expanded.data(), dtype, {R, H});
+            out.grad_scales = TensorView(grad_scales.data(), scales_dtype, {n, K});
+            MoeFinalizeRoutingGradPlan plan;
+            Status s = infer_moe_finalize_routing_grad(in, attrs, &plan);
+            if (!s.is_ok()) return report_error(s);
+            // The pair lists in a workspace of the bench's own, as a C caller's (allocated once).
+            std::vector<uint8_t> workspace(
+                size_t(moe_finalize_routing_grad_workspace_size(plan, threads)));
+            Row row = base;
+            row.op = "finalize-grad";
+            row.scenario = "dropless";
+            // grad_y and expanded_x read once, the indices and scales once; grad_expanded_x and
+            // grad_scales written once.
+            row.read_bytes =
+                double(n * H) * esize + double(R * H) * esize + double(R) * (4.0 + ssize);
+            row.write_bytes = double(R * H) * esize + double(R) * ssize;
+            s = time_call(row,
+                          [&](const ExecConfig& c) {
+                            ExecConfig with_workspace = c;
+                            if (c.backend != Backend::reference) {
+                              with_workspace.workspace = workspace.data();
+                              with_workspace.workspace_bytes = workspace.size();
+                            }
+                            return moe_finalize_routing_grad(in, attrs, out, with_workspace);
+                          },
+                          {&grad_expanded, &grad_scales});
             if (!s.is_ok()) return report_error(s);
           }
         }
@@ -495,6 +620,9 @@ class BenchCommand : public Command {
           r.gbps, bandwidths, 100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms,
           100.0 * r.limit_ms / r.ms, extra);
     }
+    if (verify_)
+      std::printf("verify: %zu of %zu rows bitwise equal to the reference backend\n",
+                  rows.size() - size_t(failed), rows.size());
     if (!csv_.empty()) {
       std::ofstream out(csv_);
       out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,"
@@ -514,7 +642,7 @@ class BenchCommand : public Command {
             runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
       std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());
     }
-    return kExitOk;
+    return failed > 0 ? kExitVerificationFailed : kExitOk;
   }
 
  private:
@@ -579,9 +707,9 @@ class BenchCommand : public Command {
   }
 
   std::string op_ = "all", shape_ = "all", tokens_text_ = "1,128,1024,4096", dtype_text_ = "bf16";
-  std::string order_text_ = "tree", csv_;
+  std::string order_text_ = "tree", numerics_ = "atlas_a2", csv_;
   int64_t threads_ = 0, runs_ = 7;
-  bool machine_ = false;
+  bool machine_ = false, verify_ = false;
 };
 
 }  // namespace

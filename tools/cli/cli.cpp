@@ -161,6 +161,8 @@ std::vector<std::unique_ptr<Command>> make_commands() {
   commands.push_back(make_golden_init_routing_v2_command());
   commands.push_back(make_golden_init_routing_command());
   commands.push_back(make_golden_grad_command());
+  commands.push_back(make_golden_finalize_routing_command());
+  commands.push_back(make_golden_finalize_routing_grad_command());
   commands.push_back(make_demo_command());
   commands.push_back(make_bench_command());
   commands.push_back(make_info_command());

@@ -33,6 +33,8 @@ class Command {
 std::unique_ptr<Command> make_golden_grad_command();
 std::unique_ptr<Command> make_golden_init_routing_v2_command();
 std::unique_ptr<Command> make_golden_init_routing_command();
+std::unique_ptr<Command> make_golden_finalize_routing_command();
+std::unique_ptr<Command> make_golden_finalize_routing_grad_command();
 std::unique_ptr<Command> make_demo_command();
 std::unique_ptr<Command> make_info_command();
 std::unique_ptr<Command> make_bench_command();

@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "golden_io.h"
 #include "moe_routing/moe_routing.hpp"
 #include "npy.h"
 #if defined(MOE_ROUTING_HAVE_CUDA)
@@ -57,14 +58,8 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
                  "sequential (Ascend 950 kernel)",
                  {"tree", "sequential"}, &order_)
         .default_text("by --numerics");
-    p.add_choice(
-        "--backend",
-        "implementation: automatic (CPU kernels), reference (plain loops) or cpu; all give "
-        "the same bits",
-        {"automatic", "reference", "cpu"}, &backend_);
-    p.add_int("--threads", "T",
-              "CPU threads; 0 = library default (MOE_ROUTING_NUM_THREADS or every core)", &threads_,
-              0, kMaxNumThreads);
+    p.add_choice("--backend", kBackendHelp, {"automatic", "reference", "cpu"}, &backend_);
+    p.add_int("--threads", "T", kThreadsHelp, &threads_, 0, kMaxNumThreads);
     p.add_string("--out", "FILE", "where to write grad_x .npy [N, H] (replaced atomically)",
                  &out_path_)
         .required();
@@ -87,11 +82,7 @@ in place) or a symbolic link (its target is written); it is never replaced by a 
     attrs.active_num = active_num_;
     parse_numerics(numerics_.c_str(), &attrs.numerics);  // the parser admitted only valid names
     if (parser.given("--order")) parse_accumulation_order(order_.c_str(), &attrs.order);
-    ExecConfig config;
-    config.backend = backend_ == "reference" ? Backend::reference
-                     : backend_ == "cpu"     ? Backend::cpu
-                                             : Backend::automatic;
-    config.num_threads = int(threads_);
+    const ExecConfig config = exec_config(backend_, threads_);
 
     MoeInitRoutingGradPlan plan;
     s = infer_moe_init_routing_grad(grad.view(), index.view(), attrs, &plan);

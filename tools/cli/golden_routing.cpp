@@ -3,172 +3,20 @@
 //
 // Both compute every output in memory first and only then write the whole set into --out-dir
 // (npy::write_all), so an error leaves nothing behind.
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
-#include <iostream>
 #include <string>
 #include <tuple>
-#include <utility>
 #include <vector>
 
 #include "commands.h"
-#include "file_io.h"
+#include "golden_io.h"
 #include "moe_routing/moe_routing.hpp"
-#include "npy.h"
 
 namespace moe_routing::cli {
 namespace {
 
-const char* const kBackendHelp =
-    "implementation: automatic (CPU kernels), reference (plain loops) or cpu; all give the same "
-    "bits";
-const char* const kThreadsHelp =
-    "CPU threads; 0 = library default (MOE_ROUTING_NUM_THREADS or every core)";
-
-ExecConfig exec_config(const std::string& backend, int64_t threads) {
-  ExecConfig config;
-  config.backend = backend == "reference" ? Backend::reference
-                   : backend == "cpu"     ? Backend::cpu
-                                          : Backend::automatic;
-  config.num_threads = int(threads);
-  return config;
-}
-
-/// One output of an operator: its name (also the file's stem), its planned spec and storage
-/// (allocated by allocate_outputs()).
-struct Output {
-  std::string name;
-  OutputSpec spec;
-  npy::Array array;
-
-  Output(std::string name_, const OutputSpec& spec_) : name(std::move(name_)), spec(spec_) {}
-  /// The view passed to the operator: the array when produced, else absent (data null).
-  TensorView view() {
-    if (!spec.produced) return TensorView();
-    // A non-null pointer even when the output is empty (a vector's data() may be null then).
-    void* data = array.bytes.empty() ? static_cast<void*>(&empty_) : array.bytes.data();
-    return TensorView(data, spec.dtype, spec.ndim, spec.shape);
-  }
-
- private:
-  uint64_t empty_ = 0;
-};
-
-/// Allocates the storage of every produced output, after checking that the outputs and the
-/// operator's scratch memory (`scratch_bytes`, which the operator allocates itself) fit in the
-/// memory available together: before anything is allocated, so that a request too large for the
-/// machine is a message, not the OOM killer.
-Status allocate_outputs(const std::string& command, uint64_t scratch_bytes,
-                        std::vector<Output>* outputs) {
-  uint64_t total = scratch_bytes;
-  std::string what;
-  for (const Output& output : *outputs) {
-    if (!output.spec.produced) continue;
-    uint64_t bytes = 0;  // saturated: a sum past 2^64 fits nowhere either
-    if (__builtin_mul_overflow(uint64_t(output.spec.numel()), dtype_size(output.spec.dtype),
-                               &bytes) ||
-        __builtin_add_overflow(total, bytes, &total))
-      total = ~uint64_t(0);
-    what += std::string(what.empty() ? "" : ", ") + output.name + ' ' +
-            dtype_name(output.spec.dtype) + ' ' + shape_string(output.spec);
-  }
-  MOE_ROUTING_RETURN_IF_ERROR(file_io::check_memory(total, command,
-                                                    "the outputs (" + what +
-                                                        ") and the operator's scratch memory (" +
-                                                        std::to_string(scratch_bytes) + " bytes)"));
-  for (Output& output : *outputs)
-    if (output.spec.produced)
-      MOE_ROUTING_RETURN_IF_ERROR(npy::allocate(
-          output.spec.dtype,
-          std::vector<int64_t>(output.spec.shape, output.spec.shape + output.spec.ndim), command,
-          output.name, &output.array));
-  return Status::ok();
-}
-
-/// Reads an .npy input; a view with a non-null pointer even when the array is empty.
-struct Input {
-  npy::Array array;
-  bool present = false;
-  uint64_t empty = 0;
-
-  /// Reads `path`, given by `flag` (messages name both).
-  Status read(const std::string& flag, const std::string& path) {
-    present = true;
-    return npy::read(path, &array, flag);
-  }
-  TensorView view() {
-    if (!present) return TensorView();
-    void* data = array.bytes.empty() ? static_cast<void*>(&empty) : array.bytes.data();
-    return TensorView(data, array.dtype, int(array.shape.size()), array.shape.data());
-  }
-};
-
-/// Creates `dir` and its missing parents; appends each directory it created to `created`
-/// (deepest last).
-Status make_directories(const std::string& command, const std::string& dir,
-                        std::vector<std::string>* created) {
-  std::string path;
-  size_t position = 0;
-  while (position <= dir.size()) {
-    const size_t slash = dir.find('/', position);
-    const size_t end = slash == std::string::npos ? dir.size() : slash;
-    path = dir.substr(0, end);
-    position = end + 1;
-    if (path.empty() || path == "." || path == "..") continue;
-    struct stat info;
-    if (::stat(path.c_str(), &info) == 0) {
-      if (!S_ISDIR(info.st_mode))
-        return invalid_argument("moe-routing: ", command, ": --out-dir must be a directory, got '",
-                                path, "', which is a file");
-      continue;
-    }
-    if (::mkdir(path.c_str(), 0777) != 0 && errno != EEXIST)
-      return invalid_argument("moe-routing: ", command, ": --out-dir must be creatable, got '",
-                              std::strerror(errno), "' for '", path, "'");
-    created->push_back(path);
-  }
-  return Status::ok();
-}
-
-/// Writes every produced output as `<dir>/<name>.npy`, all or nothing: the directory (and missing
-/// parents) is created, the files are written as one set (npy::write_all: on failure the files
-/// previously there are as they were), and on failure every directory this call created is
-/// removed again. Prints one line per file written.
-int write_outputs(const std::string& command, const std::string& dir,
-                  const std::vector<Output>& outputs) {
-  std::vector<npy::OutputFile> files;
-  for (const Output& output : outputs)
-    if (output.spec.produced)
-      files.push_back({dir + "/" + output.name + ".npy", &output.array, "--out-dir"});
-  std::vector<std::string> created;
-  Status s = make_directories(command, dir, &created);
-  if (s.is_ok()) s = npy::write_all(files);
-  if (!s.is_ok()) {
-    for (auto it = created.rbegin(); it != created.rend(); ++it) ::rmdir(it->c_str());
-    return report_error(s);
-  }
-  for (const Output& output : outputs)
-    if (output.spec.produced)
-      std::cout << "wrote " << dir << "/" << output.name << ".npy: " << output.name << ' '
-                << dtype_name(output.spec.dtype) << ' ' << shape_string(output.spec) << '\n';
-  return kExitOk;
-}
-
 const char* const kFileConventions =
     R"(Files are NumPy .npy arrays: float32 '<f4', float16 '<f2', bfloat16 as its uint16 bit
 patterns '<u2', int8 '|i1', int32 '<i4', int64 '<i8'. expert_idx is int32 [N, K].)";
-
-const char* const kAllOrNothing =
-    R"(Every output is computed before anything is written; the files are then written as one
-set into --out-dir (created if missing). On any error (a bad flag, an unreadable file, an input
-the operator rejects, a failed write) the message goes to stderr, the exit status is 2, no file
-is written or left behind, and the files of a previous run in --out-dir are as they were. An
-output that is a FIFO or a device is written in place, one that is a symbolic link is written
-through; none is replaced by a regular file. Files of outputs that the configuration does not
-produce are neither written nor removed: use a fresh directory per configuration.)";
 
 // ------------------------------------------------------------------------------------------
 // golden init-routing-v2

@@ -314,6 +314,8 @@ TEST_F(AdversarialCliInputs, EveryInputsMessagesNameItsFlag) {
   write_or_fail(dir.file("scale.npy"), f32({2}, {1, 1}));
   write_or_fail(dir.file("offset.npy"), f32({1}, {0}));
   write_or_fail(dir.file("w.npy"), f32({2, 1}, {1, 1}));
+  write_or_fail(dir.file("bias.npy"), f32({2, 1}, {0, 0}));
+  write_or_fail(dir.file("idx0.npy"), i32({2, 1}, {0, 0}));
   const std::vector<Command> commands = {
       {golden_grad(dir, 1, dir.file("out.npy")), {"--grad-expanded-x", "--expanded-row-idx"}},
       {{"golden", "init-routing-v2", "--x", dir.file("x.npy"), "--expert-idx", dir.file("idx.npy"),
@@ -327,6 +329,18 @@ TEST_F(AdversarialCliInputs, EveryInputsMessagesNameItsFlag) {
         "--expert-num", "2", "--quant-mode", "0", "--scale", dir.file("offset.npy"), "--offset",
         dir.file("offset.npy"), "--out-dir", dir.file("out")},
        {"--offset"}},
+      // The combine: [N, H] = [2, 1], K = 1, one expert.
+      {{"golden", "finalize-routing", "--expanded-x", dir.file("x.npy"), "--expanded-row-idx",
+        dir.file("r.npy"), "--x1", dir.file("g.npy"), "--x2", dir.file("g.npy"), "--bias",
+        dir.file("bias.npy"), "--scales", dir.file("w.npy"), "--expert-idx", dir.file("idx.npy"),
+        "--out", dir.file("out.npy")},
+       {"--expanded-x", "--expanded-row-idx", "--x1", "--x2", "--bias", "--scales",
+        "--expert-idx"}},
+      {{"golden", "finalize-routing-grad", "--grad-y", dir.file("g.npy"), "--expanded-row-idx",
+        dir.file("r.npy"), "--expanded-x", dir.file("x.npy"), "--scales", dir.file("w.npy"),
+        "--expert-idx", dir.file("idx0.npy"), "--bias", dir.file("bias.npy"), "--out-dir",
+        dir.file("out")},
+       {"--grad-y", "--expanded-row-idx", "--expanded-x", "--scales", "--expert-idx", "--bias"}},
   };
   for (const Command& command : commands) {
     const CliResult valid = run_cli(dir, command.args, limited());

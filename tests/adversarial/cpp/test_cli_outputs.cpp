@@ -1,6 +1,7 @@
 // How the moe-routing tool writes its outputs, tried as an adversary would (issue 17, items 5, 6,
 // 12 and 13): an --out that is a FIFO, a device or a symbolic link is written through, never
-// replaced; a failed --out-dir run leaves the previous run's files as they were, even when it
+// replaced; a failed --out-dir run (of the dispatch and of the combine's backward) leaves the
+// previous run's files as they were, even when it
 // fails between two renames; temporaries are unique (concurrent runs all succeed, a user's own
 // `<out>.tmp` is never touched); messages name the flag. docs/reliability.md cites these tests.
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 
 #include "cli_test_util.h"
@@ -229,44 +231,94 @@ std::vector<std::string> forward_run(const TempDir& dir, int seed, const std::st
 
 const char kCounts[] = "expert_tokens_count_or_cumsum.npy";
 
-TEST(AdversarialCliOutputs, AFailedOutDirRunKeepsThePreviousRunsFiles) {
-  TempDir dir;
+/// Writes the inputs of a `golden finalize-routing-grad` run with three outputs (grad_expanded_x,
+/// grad_scales, grad_bias) as dir/*<seed>.npy, and returns its arguments writing into `out_dir`.
+/// Different seeds give different files.
+std::vector<std::string> combine_grad_run(const TempDir& dir, int seed,
+                                          const std::string& out_dir) {
+  const float s = float(seed);
+  const std::pair<std::string, npy::Array> inputs[] = {
+      {"--grad-y", f32({2, 2}, {s, 2, 3, 4})},
+      {"--expanded-row-idx", i32({4}, {1, 3, 0, 2})},
+      {"--expanded-x", f32({4, 2}, {0, 1, 2, 3, 4, 5, 6, s})},
+      {"--scales", f32({2, 2}, {0.5f, 0.25f, 2, s})},
+      {"--expert-idx", i32({2, 2}, {0, 1, 1, 0})},
+      {"--bias", f32({2, 2}, {0, 1, 0, s})}};
+  std::vector<std::string> args = {"golden", "finalize-routing-grad"};
+  for (const auto& [flag, array] : inputs) {
+    const std::string path = dir.file(flag.substr(2) + std::to_string(seed) + ".npy");
+    write_or_fail(path, array);
+    args.insert(args.end(), {flag, path});
+  }
+  args.insert(args.end(), {"--out-dir", out_dir});
+  return args;
+}
+
+/// A command writing a set of files into --out-dir: `run(seed, out_dir)` gives the arguments of a
+/// run (different seeds give different files), `files` the set, `last` the file made unwritable.
+struct OutDirCommand {
+  std::function<std::vector<std::string>(int, const std::string&)> run;
+  std::set<std::string> files;
+  std::string last;
+};
+
+/// A run whose last output cannot be written (a directory took its name, then a device refuses
+/// the bytes) fails with exit status 2 naming it, and leaves the previous run's files as they were.
+void expect_a_failed_run_keeps_the_previous_files(const TempDir& dir, const OutDirCommand& c) {
   const std::string out = dir.file("out");
-  std::vector<std::string> args = forward_run(dir, 1, out);
+  std::vector<std::string> args = c.run(1, out);
   CliResult r = run_cli(dir, args, limited());
   ASSERT_EQ(r.exit_code, 0) << describe(args, r);
   const std::map<std::string, std::string> previous = contents(out);
-  ASSERT_EQ(previous.size(), 3u);
+  ASSERT_EQ(previous.size(), c.files.size());
   auto expect_previous_files = [&](const CliResult& result) {
-    for (const char* name : {"expanded_x.npy", "expanded_row_idx.npy"})
-      EXPECT_EQ(read_text(out + "/" + name), previous.at(name)) << name << " changed";
-    EXPECT_EQ(files_in(out),
-              (std::set<std::string>{"expanded_x.npy", "expanded_row_idx.npy", kCounts}))
-        << describe(args, result);
+    for (const std::string& name : c.files) {
+      if (name != c.last) {
+        EXPECT_EQ(read_text(out + "/" + name), previous.at(name)) << name << " changed";
+      }
+    }
+    EXPECT_EQ(files_in(out), c.files) << describe(args, result);
     EXPECT_TRUE(result.out.empty()) << describe(args, result);
   };
 
   // The last output cannot be written (a directory took its name).
-  ASSERT_EQ(::unlink((out + "/" + kCounts).c_str()), 0);
-  ASSERT_EQ(::mkdir((out + "/" + kCounts).c_str(), 0755), 0);
-  args = forward_run(dir, 2, out);
+  const std::string last = out + "/" + c.last;
+  ASSERT_EQ(::unlink(last.c_str()), 0);
+  ASSERT_EQ(::mkdir(last.c_str(), 0755), 0);
+  args = c.run(2, out);
   r = run_cli(dir, args, limited());
   EXPECT_EQ(r.exit_code, 2) << describe(args, r);
-  EXPECT_EQ(r.err, "moe-routing: --out-dir " + out + "/" + kCounts +
-                       ": output must be writable, got 'Is a directory'\n")
+  EXPECT_EQ(r.err, "moe-routing: --out-dir " + last +
+                       ": output must be writable, got 'Is a "
+                       "directory'\n")
       << describe(args, r);
   expect_previous_files(r);
 
   // The last output is a device that refuses the bytes.
-  ASSERT_EQ(::rmdir((out + "/" + kCounts).c_str()), 0);
-  ASSERT_EQ(::symlink(memory_device(dir, "full", 7).c_str(), (out + "/" + kCounts).c_str()), 0);
+  ASSERT_EQ(::rmdir(last.c_str()), 0);
+  ASSERT_EQ(::symlink(memory_device(dir, "full", 7).c_str(), last.c_str()), 0);
   r = run_cli(dir, args, limited());
   EXPECT_EQ(r.exit_code, 2) << describe(args, r);
-  EXPECT_NE(r.err.find(kCounts + std::string(": output must be writable, got 'No space left on "
-                                             "device'")),
+  EXPECT_NE(r.err.find(c.last + ": output must be writable, got 'No space left on device'"),
             std::string::npos)
       << describe(args, r);
   expect_previous_files(r);
+}
+
+TEST(AdversarialCliOutputs, AFailedOutDirRunKeepsThePreviousRunsFiles) {
+  TempDir dir;
+  expect_a_failed_run_keeps_the_previous_files(
+      dir, {[&](int seed, const std::string& out) { return forward_run(dir, seed, out); },
+            {"expanded_x.npy", "expanded_row_idx.npy", kCounts},
+            kCounts});
+}
+
+TEST(AdversarialCliOutputs, AFailedCombineGradRunKeepsThePreviousRunsFiles) {
+  TempDir dir;
+  expect_a_failed_run_keeps_the_previous_files(
+      dir, {[&](int seed, const std::string& out) { return combine_grad_run(dir, seed, out); },
+            {"grad_expanded_x.npy", "grad_scales.npy", "grad_bias.npy"},
+            "grad_bias.npy"});
 }
 
 TEST(AdversarialCliOutputs, ARenameFailingMidwayPutsTheEarlierFilesBack) {
