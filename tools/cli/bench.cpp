@@ -33,6 +33,7 @@ using cases::GradProblem;
 using cases::kModelShapes;
 using cases::ModelShape;
 using cases::random_expert_idx;
+using cases::routing_scenarios;
 
 /// The values of --shape: every shape of kModelShapes, or all of them.
 std::vector<std::string> shape_choices() {
