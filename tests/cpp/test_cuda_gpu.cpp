@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "cuda/device_memory.h"
+#include "cuda_test_util.h"
 #include "grad_cases.h"
 #include "routing_cases.h"
 
@@ -25,13 +26,6 @@ using testing::Random;
 using testing::Tensor;
 using testing::V2Case;
 using testing::V2Result;
-
-#define SKIP_WITHOUT_GPU()                                                             \
-  do {                                                                                 \
-    std::string why_no_gpu;                                                            \
-    if (!cuda::device_available(&why_no_gpu))                                          \
-      GTEST_SKIP() << "no GPU is present (" << why_no_gpu << "); this test needs one"; \
-  } while (0)
 
 const testing::Runner kCpu{Backend::cpu, CpuIsa::automatic, 4};
 const DType kFloatDtypes[] = {DType::float32, DType::float16, DType::bfloat16};

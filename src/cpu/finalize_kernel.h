@@ -1,0 +1,61 @@
+// CPU backend of moe_finalize_routing and its grad: the launchers (tiling, ISA choice, threads;
+// finalize_routing.cpp) and the per-ISA kernels they run (finalize_kernel_{baseline,avx2}.cpp,
+// one namespace per instruction set).
+#pragma once
+
+#include <cstdint>
+
+#include "moe_routing/tensor.h"
+#include "params/finalize_routing_problem.h"
+
+namespace moe_routing::cpu {
+
+/// The forward's work: units of (output row, column tile).
+struct FinalizeKernelArgs {
+  detail::FinalizeRoutingProblem problem;
+  int64_t tile_width;     // columns per unit (the last tile of a row may be narrower)
+  int64_t tiles_per_row;  // ceil(H / tile_width)
+  bool stream_output;     // write out with non-temporal stores (large outputs)
+};
+
+/// Terms of one row gathered per pass; a row with more runs several passes over each column
+/// tile, keeping the running sums in a buffer of kFinalizeAccColumns floats per tile.
+constexpr int64_t kFinalizeTermsPerPass = 32;
+constexpr int64_t kFinalizeAccColumns = 1024;
+
+/// The grad's work: rows of grad_expanded_x (with the grad_scales of their pairs), then units of
+/// (expert, column tile) of grad_bias.
+struct FinalizeGradKernelArgs {
+  detail::FinalizeRoutingGradProblem problem;
+  int64_t bias_tile_width;
+  int64_t bias_tiles_per_row;
+  bool stream_output;  // write grad_expanded_x with non-temporal stores
+};
+
+namespace baseline {
+void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end);
+void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+}  // namespace baseline
+
+namespace avx2 {
+void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end);
+void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+}  // namespace avx2
+
+/// Computes problem.out on the CPU with `isa` (available; not automatic) and up to `num_threads`
+/// threads (0 = the library default). Indices must be checked.
+void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, CpuIsa isa,
+                          int num_threads);
+
+/// Bytes of workspace moe_finalize_routing_grad needs (the pair lists).
+uint64_t finalize_grad_workspace_bytes(int64_t pairs, int64_t expanded_rows, int64_t experts,
+                                       bool grad_bias);
+
+/// Computes the grad's outputs on the CPU; `workspace` holds finalize_grad_workspace_bytes bytes
+/// (any alignment). Indices must be checked.
+void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem problem, CpuIsa isa,
+                               int num_threads, void* workspace);
+
+}  // namespace moe_routing::cpu

@@ -1,0 +1,186 @@
+// moe_finalize_routing(_grad) on a GPU: random cases of every dtype, mode, numerics and optional
+// input bitwise against the CPU backend (outputs poisoned on the device first, so unwritten
+// elements show); bad indices give the CPU's message and leave every output untouched. Every test
+// skips, saying why, when no GPU is present.
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "cuda/device_memory.h"
+#include "cuda_test_util.h"
+#include "finalize_cases.h"
+
+namespace moe_routing {
+namespace {
+
+using testing::FinalizeCase;
+using testing::FinalizeGradCase;
+using testing::FloatBuffer;
+
+const testing::Runner kCpu{Backend::cpu, CpuIsa::automatic, 4};
+constexpr int kPoisonByte = 0x5A;
+
+/// Device copies of host tensors, alive as long as the object; absent views stay absent.
+class OnDevice {
+ public:
+  TensorView copy(const TensorView& host) {
+    if (host.data == nullptr && host.ndim == 0) return TensorView();
+    cuda::DeviceBuffer& buffer = add(host.nbytes());
+    EXPECT_TRUE(buffer.upload(host.data, host.nbytes()).is_ok());
+    TensorView view = host;
+    view.data = buffer.data();
+    view.device = Device::cuda;
+    return view;
+  }
+  /// A poisoned device output shaped like `host` (absent stays absent).
+  TensorView poisoned(const TensorView& host) {
+    if (host.data == nullptr && host.ndim == 0) return TensorView();
+    cuda::DeviceBuffer& buffer = add(host.nbytes());
+    EXPECT_TRUE(buffer.fill(kPoisonByte).is_ok());
+    TensorView view = host;
+    view.data = buffer.data();
+    view.device = Device::cuda;
+    return view;
+  }
+  /// Copies a device tensor back into `host` (same shape).
+  static void fetch(const TensorView& device, FloatBuffer* host) {
+    if (host->bytes.empty()) return;
+    EXPECT_EQ(cudaMemcpy(host->data(), device.data, host->bytes.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+  }
+
+ private:
+  cuda::DeviceBuffer& add(size_t bytes) {
+    buffers_.push_back(std::make_unique<cuda::DeviceBuffer>());
+    EXPECT_TRUE(buffers_.back()->allocate(bytes).is_ok());
+    return *buffers_.back();
+  }
+  std::vector<std::unique_ptr<cuda::DeviceBuffer>> buffers_;
+};
+
+MoeFinalizeRoutingInputs on_device(OnDevice& d, const MoeFinalizeRoutingInputs& in) {
+  MoeFinalizeRoutingInputs out;
+  out.expanded_x = d.copy(in.expanded_x), out.expanded_row_idx = d.copy(in.expanded_row_idx);
+  out.x1 = d.copy(in.x1), out.x2 = d.copy(in.x2), out.bias = d.copy(in.bias);
+  out.scales = d.copy(in.scales), out.expert_idx = d.copy(in.expert_idx), out.x = d.copy(in.x);
+  out.alpha1 = d.copy(in.alpha1), out.alpha2 = d.copy(in.alpha2), out.v = d.copy(in.v);
+  return out;
+}
+
+FloatBuffer run_forward_cuda(FinalizeCase& c, Status* status) {
+  OnDevice d;
+  FloatBuffer result(c.dtype, c.N * c.H);
+  const TensorView out = d.poisoned(TensorView(result.data(), c.dtype, {c.N, c.H}));
+  *status = moe_finalize_routing(on_device(d, c.inputs()), c.attrs, out);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  OnDevice::fetch(out, &result);
+  return result;
+}
+
+TEST(CudaFinalize, RandomCasesMatchTheCpuBitwise) {
+  SKIP_WITHOUT_GPU();
+  testing::Random rng(1001);
+  for (const testing::DtypeVariant& v : testing::kFinalizeDtypes)
+    for (int64_t mode = 0; mode < 4; ++mode)
+      for (Numerics numerics : testing::kFinalizeNumerics)
+        for (int options = 0; options < 8; ++options) {
+          testing::FinalizeOptions o;
+          o.x1 = options & 1, o.x2 = options & 2, o.bias = options & 4, o.scales = true;
+          o.special = options >= 4, o.mixed_scales = v.mixed_scales, o.duplicates = true;
+          FinalizeCase c = testing::make_finalize_case(rng, v.dtype, mode, numerics, o, 37,
+                                                       rng.integer(1, 9), 4096 + 13);
+          testing::fill_special(rng, {&c.x1});
+          Status s;
+          const FloatBuffer got = run_forward_cuda(c, &s);
+          ASSERT_TRUE(s.is_ok()) << s.message();
+          EXPECT_TRUE(testing::bitwise_equal(testing::run_finalize_case(c, kCpu), got))
+              << dtype_name(v.dtype) << " mode " << mode << ' ' << numerics_name(numerics)
+              << " options " << options;
+        }
+}
+
+TEST(CudaFinalize, BadIndexGivesTheCpuMessageAndWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  testing::Random rng(1002);
+  testing::FinalizeOptions o;
+  o.bias = true, o.scales = true;
+  FinalizeCase c =
+      testing::make_finalize_case(rng, DType::bfloat16, 2, Numerics::atlas_a2, o, 8, 2, 64);
+  c.expanded_shape = {c.N * c.K, c.H};  // every row present: index 0 is a row
+  c.expanded_x = testing::random_buffer(rng, c.dtype, c.N * c.K * c.H);
+  for (int spoil = 0; spoil < 2; ++spoil) {
+    FinalizeCase bad = c;
+    if (spoil == 0) bad.idx[5] = int32_t(bad.idx.size() + 7);
+    if (spoil == 1) bad.expert_idx[3] = int32_t(bad.E), bad.idx[3] = 0;
+    Status s;
+    const FloatBuffer got = run_forward_cuda(bad, &s);
+    const Status cpu = moe_finalize_routing(bad.inputs(), bad.attrs,
+                                            TensorView(got.bytes.data(), bad.dtype, {bad.N, bad.H}),
+                                            kCpu.config());
+    EXPECT_EQ(s.code(), StatusCode::index_out_of_range) << s.message();
+    EXPECT_EQ(s.message(), cpu.message());
+    for (uint8_t byte : got.bytes) ASSERT_EQ(byte, kPoisonByte) << "out was written on error";
+  }
+}
+
+testing::GradResult run_grad_cuda(FinalizeGradCase& c, Status* status) {
+  OnDevice d;
+  testing::GradResult r = testing::poisoned_grad_result(c);
+  const MoeFinalizeRoutingGradInputs host = c.inputs();
+  MoeFinalizeRoutingGradInputs in;
+  in.grad_y = d.copy(host.grad_y), in.expanded_row_idx = d.copy(host.expanded_row_idx);
+  in.expanded_x = d.copy(host.expanded_x), in.scales = d.copy(host.scales);
+  in.expert_idx = d.copy(host.expert_idx), in.bias = d.copy(host.bias);
+  const MoeFinalizeRoutingGradOutputs host_out = testing::grad_outputs(c, r);
+  MoeFinalizeRoutingGradOutputs out;
+  out.grad_expanded_x = d.poisoned(host_out.grad_expanded_x);
+  out.grad_scales = d.poisoned(host_out.grad_scales);
+  out.grad_bias = d.poisoned(host_out.grad_bias);
+  *status = moe_finalize_routing_grad(in, c.attrs, out);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  OnDevice::fetch(out.grad_expanded_x, &r.grad_expanded_x);
+  OnDevice::fetch(out.grad_scales, &r.grad_scales);
+  OnDevice::fetch(out.grad_bias, &r.grad_bias);
+  return r;
+}
+
+TEST(CudaFinalizeGrad, RandomCasesMatchTheCpuBitwise) {
+  SKIP_WITHOUT_GPU();
+  testing::Random rng(1003);
+  for (const testing::DtypeVariant& v : testing::kFinalizeDtypes)
+    for (int64_t mode = 0; mode < 2; ++mode)
+      for (Numerics numerics : testing::kFinalizeNumerics)
+        for (int64_t h : {7, 64, 4096, 7168, 16484}) {
+          testing::GradOptions o;
+          o.bias = h != 64, o.grad_bias = o.bias, o.mixed_scales = v.mixed_scales;
+          o.duplicates = true;
+          FinalizeGradCase c =
+              testing::make_finalize_grad_case(rng, v.dtype, mode, numerics, o, 33, 4, h);
+          Status s;
+          const testing::GradResult got = run_grad_cuda(c, &s);
+          ASSERT_TRUE(s.is_ok()) << s.message();
+          EXPECT_TRUE(testing::grad_results_equal(testing::run_finalize_grad_case(c, kCpu), got))
+              << dtype_name(v.dtype) << " mode " << mode << ' ' << numerics_name(numerics)
+              << " H=" << h;
+        }
+}
+
+TEST(CudaFinalizeGrad, BadIndexGivesTheCpuMessageAndWritesNothing) {
+  SKIP_WITHOUT_GPU();
+  testing::Random rng(1004);
+  testing::GradOptions o;
+  o.bias = true, o.grad_bias = true;
+  FinalizeGradCase c =
+      testing::make_finalize_grad_case(rng, DType::float16, 0, Numerics::ascend_950, o, 8, 2, 64);
+  c.idx[3] = -5;
+  Status s;
+  const testing::GradResult got = run_grad_cuda(c, &s);
+  EXPECT_EQ(s.code(), StatusCode::index_out_of_range) << s.message();
+  EXPECT_NE(s.message().find("expanded_row_idx[3] = -5 is outside"), std::string::npos)
+      << s.message();
+  for (const FloatBuffer* b : {&got.grad_expanded_x, &got.grad_scales, &got.grad_bias})
+    for (uint8_t byte : b->bytes) ASSERT_EQ(byte, kPoisonByte) << "an output was written on error";
+}
+
+}  // namespace
+}  // namespace moe_routing

@@ -1,0 +1,223 @@
+// moe_finalize_routing: random cases against the reference, bit for bit, on every ISA at several
+// thread counts: every dtype x drop_pad_mode x numerics x optional-input combination, api v1,
+// wide rows and many terms (column tiles, several passes), streamed outputs, special values,
+// repeated runs, empty inputs.
+#include <cmath>
+#include <limits>
+
+#include "finalize_cases.h"
+
+namespace moe_routing {
+namespace {
+
+using testing::FinalizeCase;
+using testing::FinalizeOptions;
+using testing::FloatBuffer;
+
+/// Runs a case on every runner and compares each with the reference.
+void expect_all_runners_match(FinalizeCase& c, const std::string& what) {
+  const auto runners = testing::all_runners();
+  const FloatBuffer expected = testing::run_finalize_case(c, runners[0]);
+  for (size_t r = 1; r < runners.size(); ++r)
+    EXPECT_TRUE(testing::bitwise_equal(expected, testing::run_finalize_case(c, runners[r])))
+        << runners[r].name() << ' ' << what;
+}
+
+std::string describe_case(const FinalizeCase& c) {
+  const FinalizeOptions& o = c.options;
+  std::ostringstream out;
+  out << dtype_name(c.dtype) << (o.mixed_scales ? "+f32 scales" : "") << " mode "
+      << c.attrs.drop_pad_mode << ' ' << numerics_name(c.attrs.numerics) << ' '
+      << finalize_routing_api_name(c.attrs.api) << " N=" << c.N << " K=" << c.K << " H=" << c.H
+      << (o.x1 ? " x1" : "") << (o.x2 ? " x2" : "") << (o.bias ? " bias" : "")
+      << (o.scales ? " scales" : "") << (o.expert_idx ? " expert_idx" : "")
+      << (o.special ? " special" : "") << (o.duplicates ? " duplicates" : "");
+  return out.str();
+}
+
+TEST(FinalizeRandom, EveryDtypeModeNumericsAndOptionalInputMatchesTheReference) {
+  testing::Random rng(20260601);
+  int cases = 0;
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+    for (int64_t mode = 0; mode < 4; ++mode)
+      for (Numerics numerics : testing::kFinalizeNumerics)
+        for (int x12 = 0; x12 < 3; ++x12)
+          for (int bias = 0; bias < 2; ++bias)
+            for (int special = 0; special < 2; ++special)
+              for (int scales = 0; scales < 2; ++scales) {
+                if (d.mixed_scales && !scales) continue;
+                FinalizeOptions o;
+                o.x1 = x12 >= 1, o.x2 = x12 == 2, o.bias = bias, o.scales = scales;
+                o.special = special, o.mixed_scales = d.mixed_scales;
+                o.expert_idx = rng.integer(0, 1) == 1;
+                o.duplicates = rng.integer(0, 3) == 0;
+                const int64_t n = rng.integer(1, 7), k = rng.integer(1, 9);
+                const int64_t h = rng.integer(0, 1) ? 16 * rng.integer(1, 3) : rng.integer(1, 40);
+                FinalizeCase c =
+                    testing::make_finalize_case(rng, d.dtype, mode, numerics, o, n, k, h);
+                expect_all_runners_match(c, describe_case(c));
+                ++cases;
+              }
+  EXPECT_EQ(cases, 4 * 4 * 2 * 3 * 2 * 2 * 2 - 4 * 2 * 3 * 2 * 2);
+}
+
+TEST(FinalizeRandom, ApiV1MatchesTheReference) {
+  testing::Random rng(11);
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+    for (Numerics numerics : testing::kFinalizeNumerics)
+      for (bool x2 : {false, true}) {
+        FinalizeOptions o;
+        o.x1 = true, o.x2 = x2, o.bias = true, o.scales = true, o.mixed_scales = d.mixed_scales;
+        FinalizeCase c = testing::make_finalize_case(rng, d.dtype, 0, numerics, o, 6, 3, 37,
+                                                     FinalizeRoutingApi::v1);
+        expect_all_runners_match(c, describe_case(c));
+      }
+}
+
+TEST(FinalizeRandom, WideRowsAndManyTermsMatchTheReference) {
+  // H beyond one tile (rows are cut into tiles when there are few of them) and K beyond one pass
+  // of kFinalizeTermsPerPass terms (running sums kept per tile between passes).
+  testing::Random rng(7);
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+    for (Numerics numerics : testing::kFinalizeNumerics)
+      for (int64_t k : {1, 8, 33, 70}) {
+        FinalizeOptions o;
+        o.x1 = k % 2 == 1, o.bias = k > 8, o.scales = true, o.mixed_scales = d.mixed_scales;
+        o.special = k == 33;
+        FinalizeCase c =
+            testing::make_finalize_case(rng, d.dtype, k == 70 ? 3 : 2, numerics, o, 3, k, 2053);
+        expect_all_runners_match(c, describe_case(c));
+      }
+}
+
+TEST(FinalizeRandom, TrainingShapedRowsMatchTheReference) {
+  // Hidden sizes of the target models: every column through the vector loops.
+  testing::Random rng(16);
+  for (int64_t h : {2048, 7168}) {
+    FinalizeOptions o;
+    o.scales = true, o.mixed_scales = true, o.x1 = h == 2048, o.drop_fraction = 0;
+    FinalizeCase c =
+        testing::make_finalize_case(rng, DType::bfloat16, 2, Numerics::atlas_a2, o, 5, 8, h);
+    expect_all_runners_match(c, describe_case(c));
+  }
+}
+
+TEST(FinalizeRandom, StreamedOutputsMatchTheReference) {
+  testing::StreamingThresholdOverride small(1);  // every output streams
+  testing::Random rng(5);
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+    for (Numerics numerics : testing::kFinalizeNumerics) {
+      FinalizeOptions o;
+      o.scales = true, o.x1 = true, o.mixed_scales = d.mixed_scales;
+      FinalizeCase c = testing::make_finalize_case(rng, d.dtype, 2, numerics, o, 9, 4, 300);
+      expect_all_runners_match(c, describe_case(c));
+    }
+}
+
+TEST(FinalizeRandom, SpecialValuesPropagateIdentically) {
+  testing::Random rng(99);
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+    for (Numerics numerics : testing::kFinalizeNumerics)
+      for (int64_t mode : {0, 3})
+        for (bool x1 : {false, true}) {
+          FinalizeOptions o;
+          o.x1 = x1, o.x2 = x1, o.bias = !x1, o.scales = true, o.special = true;
+          o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.2;
+          FinalizeCase c = testing::make_finalize_case(rng, d.dtype, mode, numerics, o, 16, 5, 50);
+          testing::fill_special(rng, {&c.expanded_x, &c.x1, &c.x2, &c.bias, &c.scales, &c.x,
+                                      &c.alpha1, &c.alpha2, &c.v});
+          expect_all_runners_match(c, describe_case(c));
+        }
+}
+
+TEST(FinalizeRandom, NanIsStoredAsTheCanonicalNan) {
+  for (Numerics numerics : testing::kFinalizeNumerics)
+    for (DType dtype : {DType::float32, DType::float16, DType::bfloat16}) {
+      FloatBuffer ex = FloatBuffer::from_floats(dtype, {-std::nanf(""), 1});
+      std::vector<int32_t> idx{0, 1};
+      MoeFinalizeRoutingInputs in;
+      in.expanded_x = TensorView(ex.data(), dtype, {2, 1});
+      in.expanded_row_idx = TensorView(idx.data(), DType::int32, {2});
+      MoeFinalizeRoutingAttrs attrs;
+      attrs.drop_pad_mode = 2;
+      attrs.top_k = 2;
+      attrs.numerics = numerics;
+      for (const testing::Runner& runner : testing::all_runners()) {
+        FloatBuffer out(dtype, 1);
+        ASSERT_TRUE(
+            moe_finalize_routing(in, attrs, TensorView(out.data(), dtype, {1, 1}), runner.config())
+                .is_ok());
+        const uint32_t canonical = dtype == DType::float32   ? kCanonicalNanFloat32
+                                   : dtype == DType::float16 ? kCanonicalNanFloat16
+                                                             : kCanonicalNanBfloat16;
+        EXPECT_EQ(out.bits(0), canonical) << runner.name() << ' ' << dtype_name(dtype);
+      }
+    }
+}
+
+TEST(FinalizeRandom, ThreadCountsAndRepeatedRunsGiveTheSameBits) {
+  testing::Random rng(3);
+  FinalizeOptions o;
+  o.scales = true, o.mixed_scales = true, o.x1 = true, o.bias = true;
+  FinalizeCase c =
+      testing::make_finalize_case(rng, DType::bfloat16, 2, Numerics::atlas_a2, o, 257, 8, 300);
+  const testing::Runner one{Backend::cpu, best_cpu_isa(), 1};
+  const FloatBuffer first = testing::run_finalize_case(c, one);
+  for (int threads : {1, 2, 4, 7, 16})
+    for (int repeat = 0; repeat < 3; ++repeat)
+      EXPECT_TRUE(testing::bitwise_equal(
+          first, testing::run_finalize_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+          << threads << " threads, run " << repeat;
+  set_num_threads(3);
+  EXPECT_TRUE(testing::bitwise_equal(
+      first, testing::run_finalize_case(c, {Backend::automatic, CpuIsa::automatic, 0})));
+  set_num_threads(0);
+}
+
+TEST(FinalizeRandom, EmptyInputsGiveCorrectlyShapedResults) {
+  float dummy = 0.0f;
+  std::vector<int32_t> idx{-1, -1, -1, -1};
+  std::vector<float> x1{1, -2, 3, -0.0f}, out(4, 7.0f);
+  for (Numerics numerics : testing::kFinalizeNumerics) {
+    MoeFinalizeRoutingAttrs attrs;
+    attrs.numerics = numerics;
+    // N = 0: out [0, H].
+    MoeFinalizeRoutingInputs in;
+    in.expanded_x = TensorView(&dummy, DType::float32, {0, 5});
+    in.expanded_row_idx = TensorView(idx.data(), DType::int32, {0});
+    MoeFinalizeRoutingPlan plan;
+    ASSERT_TRUE(infer_moe_finalize_routing(in, attrs, nullptr, &plan).is_ok());
+    EXPECT_EQ(plan.out.shape[0], 0);
+    EXPECT_EQ(plan.out.shape[1], 5);
+    EXPECT_TRUE(
+        moe_finalize_routing(in, attrs, TensorView(out.data(), DType::float32, {0, 5})).is_ok());
+    // H = 0: out [N, 0].
+    in.expanded_x = TensorView(&dummy, DType::float32, {4, 0});
+    in.expanded_row_idx = TensorView(idx.data(), DType::int32, {4});
+    EXPECT_TRUE(
+        moe_finalize_routing(in, attrs, TensorView(out.data(), DType::float32, {4, 0})).is_ok());
+    // E*C = 0 in drop-pad: every pair dropped; out = x1 (+0 under atlas_a2) or +0.
+    attrs.drop_pad_mode = 1;
+    attrs.top_k = 2;
+    in.expanded_x = TensorView(&dummy, DType::float32, {0, 3, 2});
+    in.x1 = TensorView(x1.data(), DType::float32, {2, 2});
+    for (const testing::Runner& runner : testing::all_runners()) {
+      std::fill(out.begin(), out.end(), 7.0f);
+      ASSERT_TRUE(moe_finalize_routing(in, attrs, TensorView(out.data(), DType::float32, {2, 2}),
+                                       runner.config())
+                      .is_ok());
+      EXPECT_EQ(out[0], 1.0f);
+      EXPECT_EQ(out[1], -2.0f);
+      EXPECT_EQ(float_bits(out[3]), numerics == Numerics::atlas_a2 ? 0u : float_bits(-0.0f))
+          << runner.name();
+    }
+    in.x1 = TensorView();
+    std::fill(out.begin(), out.end(), 7.0f);
+    ASSERT_TRUE(
+        moe_finalize_routing(in, attrs, TensorView(out.data(), DType::float32, {2, 2})).is_ok());
+    for (float v : out) EXPECT_EQ(float_bits(v), 0u);
+  }
+}
+
+}  // namespace
+}  // namespace moe_routing
