@@ -182,7 +182,8 @@ def _finalize_setup_context(ctx, inputs, keyword_only_inputs, output):
 
 def _finalize_backward(ctx, grad_y):
     expanded_x, expanded_row_idx, scales, expert_idx, bias = ctx.saved_tensors
-    needs = ctx.needs_input_grad
+    # needs_input_grad covers the arguments of the call up to its last non-default one.
+    needs = tuple(ctx.needs_input_grad) + (False,) * (_FINALIZE_INPUTS - len(ctx.needs_input_grad))
     grads = [None] * _FINALIZE_INPUTS
     if grad_y is None:
         return tuple(grads)
@@ -213,16 +214,19 @@ def _finalize_backward(ctx, grad_y):
         mode, active_num, experts, capacity = 1, 0, expanded_x.shape[0], expanded_x.shape[1]
     else:
         mode, active_num, experts, capacity = 0, expanded_x.shape[0], 0, 0
-        if active_num == 0 and index.numel() > 0:
-            # No rows at all (every pair dropped or cut): the grad's active_num 0 means "all N*K
-            # rows", so every pair is marked dropped and the (zero) rows are cut off below.
-            index = torch.full_like(index, -1)
+        if active_num == 0:
+            # No rows (every pair dropped or cut; the grad's active_num 0 would mean "all N*K
+            # rows"): nothing was read, so the gradients are an empty one and zeros.
+            grads[0] = expanded_x.new_zeros(expanded_x.shape) if want_x else None
+            grads[4] = bias.new_zeros(bias.shape) if want_bias else None
+            grads[5] = scales.new_zeros(scales.shape) if want_scales else None
+            return tuple(grads)
     grad_expanded_x, grad_scales, grad_bias = _finalize_grad(
         grad_y, index, expanded_x if want_scales else None, scales, expert_idx if bias is not None else None, bias,
         mode, active_num, experts, capacity, numerics=ctx.numerics, compute_grad_scales=want_scales,
         compute_grad_bias=want_bias)
     if want_x:
-        grads[0] = grad_expanded_x[:expanded_x.shape[0]] if mode == 0 else grad_expanded_x
+        grads[0] = grad_expanded_x
     if want_bias:
         grads[4] = grad_bias
     if want_scales:
@@ -232,3 +236,19 @@ def _finalize_backward(ctx, grad_y):
 
 torch.library.register_autograd("moe_routing::moe_finalize_routing", _finalize_backward,
                                 setup_context=_finalize_setup_context)
+
+
+def _finalize_grad_setup_context(ctx, inputs, keyword_only_inputs, output):
+    pass
+
+
+def _finalize_grad_backward(ctx, *grads):
+    raise NotImplementedError(
+        "moe_finalize_routing_grad: backward is not implemented (a second derivative of "
+        "moe_finalize_routing); differentiate the forward once, or detach its gradients")
+
+
+# Registered so that a double backward through the combine fails clearly instead of PyTorch's
+# fallback, which only warns and leaves the gradient out.
+torch.library.register_autograd("moe_routing::moe_finalize_routing_grad", _finalize_grad_backward,
+                                setup_context=_finalize_grad_setup_context)

@@ -95,13 +95,13 @@ def random_index(mode, n, k, rows, gen, drop_fraction=0.15):
     return torch.where(drop, -1, values).to(I32)
 
 
-def random_forward_case(dtype, mode, gen, n=None, k=None, h=None, experts=None):
+def random_forward_case(dtype, mode, gen, n=None, k=None, h=None, experts=None, capacity=None):
     n = n if n is not None else int(torch.randint(1, 12, (1,), generator=gen))
     k = k if k is not None else int(torch.randint(1, 5, (1,), generator=gen))
     h = h if h is not None else int(torch.randint(1, 40, (1,), generator=gen))
     e = experts if experts is not None else int(torch.randint(1, 6, (1,), generator=gen))
     if mode in (1, 3):
-        capacity = int(torch.randint(0, n + 2, (1,), generator=gen))
+        capacity = capacity if capacity is not None else int(torch.randint(0, n + 2, (1,), generator=gen))
         expanded_x = random_values((e, capacity, h), dtype, gen)
         rows = e * capacity
     else:
