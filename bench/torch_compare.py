@@ -221,18 +221,20 @@ def combine_case(shape, n, dtype, gen):
     idx = routing(n, k, e, gen)
     eri = moe_routing.moe_init_routing(torch.empty(n, 0, dtype=dtype), idx, expert_num=e)[1]
     scales_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
-    return dict(y=torch.randn(n * k, h, generator=gen).to(dtype), eri=eri,
-                scales=torch.rand(n, k, generator=gen).to(scales_dtype), n=n, h=h, k=k)
+    scales = torch.rand(n, k, generator=gen).to(scales_dtype)
+    # The index's inverse, for PyTorch's expressions: row d holds pair pair_of_row[d].
+    eri_long = eri.long()
+    pair_of_row = torch.empty_like(eri_long)
+    pair_of_row[eri_long] = torch.arange(n * k)
+    return dict(y=torch.randn(n * k, h, generator=gen).to(dtype), eri=eri, scales=scales, n=n, h=h, k=k,
+                eri_long=eri_long, pair_of_row=pair_of_row, token_of_row=pair_of_row // k,
+                scale_of_row=scales.reshape(-1)[pair_of_row].float())
 
 
 def combine_torch_forward(case):
     """The PyTorch eager expressions of the combine's forward: name -> a function writing `out`."""
-    y, eri, scales, n, h, k = (case[key] for key in ("y", "eri", "scales", "n", "h", "k"))
-    eri_long = eri.long()
-    pair_of_row = torch.empty_like(eri_long)
-    pair_of_row[eri_long] = torch.arange(n * k)
-    token_of_row = pair_of_row // k
-    scale_of_row = scales.reshape(-1)[pair_of_row].float()
+    y, scales, n, h, k = (case[key] for key in ("y", "scales", "n", "h", "k"))
+    eri_long, token_of_row, scale_of_row = case["eri_long"], case["token_of_row"], case["scale_of_row"]
     gathered = torch.empty(n * k, h, dtype=y.dtype)
     products = torch.empty(n, k, h)
     sums = torch.empty(n, h)
@@ -263,12 +265,9 @@ def combine_torch_forward(case):
 def combine_torch_backward(case, grad_y):
     """The PyTorch eager expressions of the combine's backward: name -> a function writing
     (grad_expanded_x, grad_scales)."""
-    y, eri, scales, n, h, k = (case[key] for key in ("y", "eri", "scales", "n", "h", "k"))
-    eri_long = eri.long()
-    pair_of_row = torch.empty_like(eri_long)
-    pair_of_row[eri_long] = torch.arange(n * k)
-    token_of_row = pair_of_row // k
-    scale_of_row = scales.reshape(-1)[pair_of_row].float()
+    y, scales, n, h, k = (case[key] for key in ("y", "scales", "n", "h", "k"))
+    eri_long, pair_of_row, token_of_row = case["eri_long"], case["pair_of_row"], case["token_of_row"]
+    scale_of_row = case["scale_of_row"]
     grad_x = torch.empty(n * k, h, dtype=y.dtype)
     grad_scales = torch.empty(n, k, dtype=scales.dtype)
     gathered = torch.empty(n * k, h, dtype=y.dtype)

@@ -5,6 +5,7 @@ import torch
 
 import moe_routing
 from reference import random_values
+from test_compile import assert_fake_shapes_equal_real_shapes
 
 ops = torch.ops.moe_routing
 I32 = torch.int32
@@ -82,17 +83,7 @@ def test_opcheck(name, args, kwargs):
 
 @pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
 def test_fake_shapes_equal_real_shapes(name, args, kwargs):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    real = getattr(ops, name)(*args, **kwargs)
-    real = real if isinstance(real, tuple) else (real,)
-    with FakeTensorMode() as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-        fake = getattr(ops, name)(*fake_args, **fake_kwargs)
-    fake = fake if isinstance(fake, tuple) else (fake,)
-    assert len(real) == len(fake)
-    for r, f in zip(real, fake):
-        assert tuple(r.shape) == tuple(f.shape) and r.dtype == f.dtype, name
+    assert_fake_shapes_equal_real_shapes(name, args, kwargs)
 
 
 def test_opcheck_out_variants():

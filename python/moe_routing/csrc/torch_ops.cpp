@@ -468,10 +468,20 @@ moe_routing::FinalizeRoutingApi parse_api(const char* op, c10::string_view text)
   return api;
 }
 
+/// The functional and the out= kernel of an operator computed by `Into(out, args...)` (`out` null:
+/// allocated), so that its long argument list is written once.
+template <auto Into>
+struct FunctionalAndOut;
+template <typename... Args, at::Tensor (*Into)(const at::Tensor*, Args...)>
+struct FunctionalAndOut<Into> {
+  static at::Tensor functional(Args... args) { return Into(nullptr, args...); }
+  static void out(Args... args, at::Tensor& out) { Into(&out, args...); }
+};
+
 /// The forward into `out` (allocated when null). CANN's schema types drop_pad_mode and k as
 /// optional ints: None is their default (0 and 1).
 at::Tensor moe_finalize_routing_into(
-    const at::Tensor& expanded_x, const at::Tensor& expanded_row_idx,
+    const at::Tensor* out, const at::Tensor& expanded_x, const at::Tensor& expanded_row_idx,
     const std::optional<at::Tensor>& x1, const std::optional<at::Tensor>& x2,
     const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales,
     const std::optional<at::Tensor>& expert_idx, const std::optional<at::Tensor>& x,
@@ -479,7 +489,7 @@ at::Tensor moe_finalize_routing_into(
     const std::optional<at::Tensor>& v, std::optional<int64_t> drop_pad_mode,
     at::OptionalIntArrayRef zero_expert_range, at::OptionalIntArrayRef copy_expert_range,
     at::OptionalIntArrayRef constant_expert_range, std::optional<int64_t> k,
-    c10::string_view numerics, c10::string_view api, const at::Tensor* out) {
+    c10::string_view numerics, c10::string_view api) {
   constexpr const char* op = "moe_finalize_routing";
   const Call call(op, expanded_x);
   moe_routing::MoeFinalizeRoutingAttrs attrs;
@@ -519,37 +529,6 @@ at::Tensor moe_finalize_routing_into(
   raise_if_error(
       moe_routing::moe_finalize_routing(in, attrs, call.view("out", result), call.exec_config()));
   return result;
-}
-
-at::Tensor moe_finalize_routing(
-    const at::Tensor& expanded_x, const at::Tensor& expanded_row_idx,
-    const std::optional<at::Tensor>& x1, const std::optional<at::Tensor>& x2,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales,
-    const std::optional<at::Tensor>& expert_idx, const std::optional<at::Tensor>& x,
-    const std::optional<at::Tensor>& alpha1, const std::optional<at::Tensor>& alpha2,
-    const std::optional<at::Tensor>& v, std::optional<int64_t> drop_pad_mode,
-    at::OptionalIntArrayRef zero_expert_range, at::OptionalIntArrayRef copy_expert_range,
-    at::OptionalIntArrayRef constant_expert_range, std::optional<int64_t> k,
-    c10::string_view numerics, c10::string_view api) {
-  return moe_finalize_routing_into(expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx,
-                                   x, alpha1, alpha2, v, drop_pad_mode, zero_expert_range,
-                                   copy_expert_range, constant_expert_range, k, numerics, api,
-                                   nullptr);
-}
-
-void moe_finalize_routing_out(
-    const at::Tensor& expanded_x, const at::Tensor& expanded_row_idx,
-    const std::optional<at::Tensor>& x1, const std::optional<at::Tensor>& x2,
-    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales,
-    const std::optional<at::Tensor>& expert_idx, const std::optional<at::Tensor>& x,
-    const std::optional<at::Tensor>& alpha1, const std::optional<at::Tensor>& alpha2,
-    const std::optional<at::Tensor>& v, std::optional<int64_t> drop_pad_mode,
-    at::OptionalIntArrayRef zero_expert_range, at::OptionalIntArrayRef copy_expert_range,
-    at::OptionalIntArrayRef constant_expert_range, std::optional<int64_t> k,
-    c10::string_view numerics, c10::string_view api, at::Tensor& out) {
-  moe_finalize_routing_into(expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, x,
-                            alpha1, alpha2, v, drop_pad_mode, zero_expert_range, copy_expert_range,
-                            constant_expert_range, k, numerics, api, &out);
 }
 
 using FinalizeGradOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
@@ -673,8 +652,9 @@ void register_kernels(torch::Library& m) {
   m.impl("moe_init_routing", TORCH_FN(moe_init_routing));
   m.impl("moe_init_routing_grad.out", TORCH_FN(moe_init_routing_grad_out));
   m.impl("moe_init_routing.out", TORCH_FN(moe_init_routing_out));
-  m.impl("moe_finalize_routing", TORCH_FN(moe_finalize_routing));
-  m.impl("moe_finalize_routing.out", TORCH_FN(moe_finalize_routing_out));
+  using Finalize = FunctionalAndOut<&moe_finalize_routing_into>;
+  m.impl("moe_finalize_routing", TORCH_FN(Finalize::functional));
+  m.impl("moe_finalize_routing.out", TORCH_FN(Finalize::out));
   m.impl("moe_finalize_routing_grad", TORCH_FN(moe_finalize_routing_grad));
   m.impl("moe_finalize_routing_grad.out", TORCH_FN(moe_finalize_routing_grad_out));
 }
