@@ -12,6 +12,7 @@ from finalize_reference import finalize_grad_reference, finalize_reference
 from moe_routing.ops import moe_finalize_routing as ops_moe_finalize_routing
 from moe_routing.ops import moe_finalize_routing_grad as ops_moe_finalize_routing_grad
 from reference import assert_bitwise_equal, random_values
+from test_cann_port import _REQUIRED, check_signature
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 NUMERICS = ["atlas_a2", "ascend_950"]
@@ -80,6 +81,47 @@ def test_doc_example_v1_rounds_bfloat16_half_away():
 def test_ops_module_exports_the_same_functions():
     assert ops_moe_finalize_routing is moe_routing.moe_finalize_routing
     assert ops_moe_finalize_routing_grad is moe_routing.moe_finalize_routing_grad
+
+
+# cann_ops_transformer's moe_finalize_routing and moe_finalize_routing_grad (its torch extension):
+# name and default of each parameter, in order, every one positional-or-keyword.
+CANN_MOE_FINALIZE_ROUTING = [
+    ("expanded_x", _REQUIRED), ("expanded_row_idx", _REQUIRED), ("x1", None), ("x2", None), ("bias", None),
+    ("scales", None), ("expert_idx", None), ("x", None), ("alpha1", None), ("alpha2", None), ("v", None),
+    ("drop_pad_mode", 0), ("zero_expert_range", None), ("copy_expert_range", None), ("constant_expert_range", None),
+    ("k", 1)]
+CANN_MOE_FINALIZE_ROUTING_GRAD = [
+    ("grad_y", _REQUIRED), ("expanded_row_idx", _REQUIRED), ("expanded_x", None), ("scales", None),
+    ("expert_idx", None), ("bias", None), ("drop_pad_mode", 0), ("active_num", 0), ("expert_num", 0),
+    ("expert_capacity", 0)]
+
+
+def test_signatures_and_schemas_are_cann_s():
+    check_signature(moe_routing.moe_finalize_routing, CANN_MOE_FINALIZE_ROUTING)
+    check_signature(moe_routing.moe_finalize_routing_grad, CANN_MOE_FINALIZE_ROUTING_GRAD)
+    for op, cann in ((torch.ops.moe_routing.moe_finalize_routing, CANN_MOE_FINALIZE_ROUTING),
+                     (torch.ops.moe_routing.moe_finalize_routing_grad, CANN_MOE_FINALIZE_ROUTING_GRAD)):
+        schema = op.default._schema
+        assert [a.name for a in schema.arguments if not a.kwarg_only] == [name for name, _ in cann]
+    assert "int? drop_pad_mode=0" in str(torch.ops.moe_routing.moe_finalize_routing.default._schema)
+
+
+def test_canns_autograd_use_runs_unchanged():
+    # CANN's torch extension differentiates expanded_x and scales of a column-layout forward
+    # (drop_pad_mode 0/1) through its V2Grad; the same call here, with the same gradients as the
+    # grad called by hand on the row-layout index (what CANN's wrapper does).
+    gen = torch.Generator().manual_seed(2)
+    n, k, h = 3, 2, 5
+    expanded_x = torch.randn(n * k, h, generator=gen, requires_grad=True)
+    scales = torch.rand(n, k, generator=gen, requires_grad=True)
+    index = torch.randperm(n * k, generator=gen).to(I32)
+    out = ops_moe_finalize_routing(expanded_x, index, None, None, None, scales, None, None, None, None, None, 0)
+    grad_y = torch.randn(n, h, generator=gen)
+    out.backward(grad_y)
+    row_layout = index.view(k, n).t().reshape(-1)
+    grad_x, grad_scales = ops_moe_finalize_routing_grad(grad_y, row_layout, expanded_x.detach(), scales.detach(),
+                                                        None, None, 0, n * k, 0, 0)
+    assert torch.equal(expanded_x.grad, grad_x) and torch.equal(scales.grad, grad_scales)
 
 
 # ---- random cases against the reference ----------------------------------------------------------
