@@ -568,8 +568,8 @@ FinalizeGradOutputs moe_finalize_routing_grad_into(
   moe_routing::MoeFinalizeRoutingGradPlan plan;
   raise_if_error(moe_routing::infer_moe_finalize_routing_grad(in, attrs, nullptr, &plan));
 
-  /// An optional output: out=, planned -> checked like any out=; out=, not producible -> passed
-  /// on for the core's message; functional -> allocated when wanted and producible, else [0].
+  // An optional output: out=, planned -> checked like any out=; out=, not producible -> passed
+  // on for the core's message; functional -> allocated when wanted and producible, else [0].
   const auto optional_output = [&](const char* name, const moe_routing::OutputSpec& spec,
                                    DType dtype, bool wanted, const at::Tensor* given) {
     if (out != nullptr)
