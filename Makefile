@@ -122,7 +122,7 @@ fuzz: deps
 demo: build python
 	$(BUILD_DIR)/moe-routing demo
 	@echo
-	@echo "== a tiny MoE layer trained with moe_routing's torch operators vs plain PyTorch"
+	@echo "== a whole MoE layer (moe_init_routing -> experts -> moe_finalize_routing) trained vs plain PyTorch"
 	$(VENV_PY) examples/python/tiny_moe.py
 
 # Source style (.clang-format): `make format` applies it, `make format-check` (part of make test)

@@ -1,13 +1,29 @@
 """Our torch operators against the best plain-PyTorch eager expression of the same semantics, in
 one process and one run, with a plot of GB/s against tokens.
 
-    .venv/bin/python bench/torch_compare.py                      # default sweep, ~1 minute
+    .venv/bin/python bench/torch_compare.py                      # default sweep, a few minutes
     .venv/bin/python bench/torch_compare.py --shapes deepseek-v3 --tokens 1,128,4096 --plot out.png
+    .venv/bin/python bench/torch_compare.py --ops combine        # only the combine's rows
 
-Backward (moe_init_routing_grad, dropless): PyTorch as index_select + view + sum, and as
-index_add_ into a zeroed buffer; the faster of the two per shape is "torch best".
-Forward (moe_init_routing, dropless, per-expert counts): stable argsort + index_select + bincount
-+ the inverse permutation. Outputs are preallocated wherever PyTorch takes out=, and ours are
+Token counts 1..128 are decode sizes, 1024..4096 training sizes. Rows, per shape and token count:
+The dispatch (--ops dispatch):
+  forward   moe_init_routing, dropless, per-expert counts: PyTorch as stable argsort + index_select
+            + bincount + the inverse permutation.
+  backward  moe_init_routing_grad, dropless: PyTorch as index_select + view + sum, and as
+            index_add_ into a zeroed buffer.
+The combine (--ops combine), the activations in --dtype with float32 routing weights (float32 with
+bf16, as MoE layers run it; the activations' dtype otherwise):
+  combine           moe_finalize_routing, drop_pad_mode 2 (what moe_init_routing's index is):
+                    out[i] = sum_t scales[i, t] * y[expanded_row_idx[i*K + t]], accumulated in
+                    float32. PyTorch as index_select + mul + sum, as index_select + bmm, and as
+                    index_add_ of the weighted rows into a float32 buffer.
+  combine_backward  moe_finalize_routing_grad: grad_expanded_x (grad_y of each row's token times
+                    its weight) and grad_scales (each pair's dot product of its row and grad_y).
+                    PyTorch gathering grad_y per row (index_select, mul, sum, index_copy_ of the
+                    sums to pair order), and gathering the rows per pair (index_select, mul, sum,
+                    index_copy_ of the row gradients to row order).
+Where PyTorch has more than one expression the faster per shape is "torch best". Outputs are
+preallocated wherever PyTorch takes out=, and ours are
 preallocated too (out=); "ours alloc" times our operators allocating their outputs, which on the
 CPU pays the page faults of fresh memory on every call.
 Bytes are counted as in `moe-routing bench`: each input read once, each output written once.
@@ -109,7 +125,18 @@ def start_state(bytes_moved, no_scrub=False):
     return "scrubbed" if bytes_moved >= SCRUB_FROM_BYTES else "warm"
 
 
-def measure(shape, n, dtype, runs, gen, no_scrub=False):
+def best_of(named_times):
+    """(times, name) of the expression with the smallest median."""
+    return min(named_times, key=lambda pair: statistics.median(pair[0]))
+
+
+def row(op, shape, n, ours_times, alloc_times, torch_times, expr, bytes_moved):
+    return dict(op=op, shape=shape, tokens=n, ours_s=statistics.median(ours_times),
+                ours_alloc_s=statistics.median(alloc_times), torch_s=statistics.median(torch_times),
+                torch_expr=expr, bytes=bytes_moved, speedup=paired_speedup(ours_times, torch_times))
+
+
+def measure_dispatch(shape, n, dtype, runs, gen, no_scrub=False):
     h, e, k = SHAPES[shape]
     esize = torch.empty((), dtype=dtype).element_size()
     idx = routing(n, k, e, gen)
@@ -149,10 +176,8 @@ def measure(shape, n, dtype, runs, gen, no_scrub=False):
     ours_times, torch_times = run_times([ours_forward, torch_forward], runs, start=start)
     (alloc_times,) = run_times([ours_forward_alloc], runs, start=start)  # apart: its page faults and unmaps
     # would disturb whichever contender runs next
-    results.append(dict(op="forward", shape=shape, tokens=n, ours_s=statistics.median(ours_times),
-                        ours_alloc_s=statistics.median(alloc_times), torch_s=statistics.median(torch_times),
-                        torch_expr="argsort+index_select+bincount", bytes=fwd_bytes,
-                        speedup=paired_speedup(ours_times, torch_times)))
+    results.append(row("forward", shape, n, ours_times, alloc_times, torch_times, "argsort+index_select+bincount",
+                       fwd_bytes))
 
     # ---- backward ----
     g = torch.randn(n * k, h, generator=gen).to(dtype)
@@ -184,17 +209,158 @@ def measure(shape, n, dtype, runs, gen, no_scrub=False):
     ours_times, sel_times, add_times = run_times([ours_backward, torch_select_sum, torch_index_add], runs,
                                                  start=start)
     (alloc_times,) = run_times([ours_backward_alloc], runs, start=start)
-    best, expr = ((sel_times, "index_select+view+sum") if statistics.median(sel_times) <= statistics.median(add_times)
-                  else (add_times, "index_add_"))
-    results.append(dict(op="backward", shape=shape, tokens=n, ours_s=statistics.median(ours_times),
-                        ours_alloc_s=statistics.median(alloc_times), torch_s=statistics.median(best),
-                        torch_expr=expr, bytes=bwd_bytes, speedup=paired_speedup(ours_times, best)))
+    best, expr = best_of([(sel_times, "index_select+view+sum"), (add_times, "index_add_")])
+    results.append(row("backward", shape, n, ours_times, alloc_times, best, expr, bwd_bytes))
     return results
+
+
+def combine_case(shape, n, dtype, gen):
+    """The combine's inputs as an MoE layer has them: expert outputs in moe_init_routing's row
+    order (sorted by expert) and its row-layout index, routing weights per (token, choice)."""
+    h, e, k = SHAPES[shape]
+    idx = routing(n, k, e, gen)
+    eri = moe_routing.moe_init_routing(torch.empty(n, 0, dtype=dtype), idx, expert_num=e)[1]
+    scales_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    scales = torch.rand(n, k, generator=gen).to(scales_dtype)
+    # The index's inverse, for PyTorch's expressions: row d holds pair pair_of_row[d].
+    eri_long = eri.long()
+    pair_of_row = torch.empty_like(eri_long)
+    pair_of_row[eri_long] = torch.arange(n * k)
+    return dict(y=torch.randn(n * k, h, generator=gen).to(dtype), eri=eri, scales=scales, n=n, h=h, k=k,
+                eri_long=eri_long, pair_of_row=pair_of_row, token_of_row=pair_of_row // k,
+                scale_of_row=scales.reshape(-1)[pair_of_row].float())
+
+
+def combine_torch_forward(case):
+    """The PyTorch eager expressions of the combine's forward: name -> a function writing `out`."""
+    y, scales, n, h, k = (case[key] for key in ("y", "scales", "n", "h", "k"))
+    eri_long, token_of_row, scale_of_row = case["eri_long"], case["token_of_row"], case["scale_of_row"]
+    gathered = torch.empty(n * k, h, dtype=y.dtype)
+    products = torch.empty(n, k, h)
+    sums = torch.empty(n, h)
+    weighted = torch.empty(n * k, h)
+    w = scales.float().view(n, 1, k)
+    out = torch.empty(n, h, dtype=y.dtype)
+
+    def select_mul_sum():
+        torch.index_select(y, 0, eri_long, out=gathered)
+        torch.mul(gathered.view(n, k, h), w.view(n, k, 1), out=products)
+        torch.sum(products, dim=1, out=sums)
+        out.copy_(sums)
+
+    def select_bmm():
+        torch.index_select(y, 0, eri_long, out=gathered)
+        torch.bmm(w, gathered.view(n, k, h).float(), out=sums.view(n, 1, h))
+        out.copy_(sums)
+
+    def index_add():
+        torch.mul(y, scale_of_row[:, None], out=weighted)
+        sums.zero_()
+        sums.index_add_(0, token_of_row, weighted)
+        out.copy_(sums)
+
+    return out, {"index_select+mul+sum": select_mul_sum, "index_select+bmm": select_bmm, "index_add_": index_add}
+
+
+def combine_torch_backward(case, grad_y):
+    """The PyTorch eager expressions of the combine's backward: name -> a function writing
+    (grad_expanded_x, grad_scales)."""
+    y, scales, n, h, k = (case[key] for key in ("y", "scales", "n", "h", "k"))
+    eri_long, pair_of_row, token_of_row = case["eri_long"], case["pair_of_row"], case["token_of_row"]
+    scale_of_row = case["scale_of_row"]
+    grad_x = torch.empty(n * k, h, dtype=y.dtype)
+    grad_scales = torch.empty(n, k, dtype=scales.dtype)
+    gathered = torch.empty(n * k, h, dtype=y.dtype)
+    gathered_grad = torch.empty(n * k, h)
+    products = torch.empty(n * k, h)
+    sums = torch.empty(n * k)
+    pair_grads = torch.empty(n * k, h, dtype=y.dtype)
+
+    # Products in float32, as ours: one operand of each multiplication is float32 (a 16-bit by
+    # 16-bit product would be rounded to 16 bits first).
+    def per_row():  # grad_y gathered to row order: the row gradients land in place
+        torch.index_select(grad_y.float(), 0, token_of_row, out=gathered_grad)
+        torch.mul(gathered_grad, scale_of_row[:, None], out=products)
+        grad_x.copy_(products)
+        torch.mul(y, gathered_grad, out=products)
+        torch.sum(products, dim=1, out=sums)
+        grad_scales.view(-1).index_copy_(0, pair_of_row, sums.to(grad_scales.dtype))
+
+    def per_pair():  # rows gathered to pair order: grad_scales lands in place
+        torch.index_select(y, 0, eri_long, out=gathered)
+        torch.mul(gathered.view(n, k, h), grad_y.float().view(n, 1, h), out=products.view(n, k, h))
+        torch.sum(products.view(n, k, h), dim=2, out=sums.view(n, k))
+        grad_scales.copy_(sums.view(n, k))
+        torch.mul(grad_y.view(n, 1, h), scales.float().view(n, k, 1), out=products.view(n, k, h))
+        pair_grads.copy_(products)
+        grad_x.index_copy_(0, eri_long, pair_grads)
+
+    return (grad_x, grad_scales), {"index_select(grad_y)+mul+sum": per_row, "index_select(rows)+mul+sum": per_pair}
+
+
+def measure_combine(shape, n, dtype, runs, gen, no_scrub=False):
+    case = combine_case(shape, n, dtype, gen)
+    y, eri, scales, h, k = case["y"], case["eri"], case["scales"], case["h"], case["k"]
+    esize, ssize = y.element_size(), scales.element_size()
+    results = []
+
+    # ---- forward ----
+    fwd_bytes = n * k * h * esize + n * k * 4 + n * k * ssize + n * h * esize
+    out = torch.empty(n, h, dtype=dtype)
+
+    def ours_forward():
+        moe_routing.moe_finalize_routing(y, eri, scales=scales, drop_pad_mode=2, out=out)
+
+    def ours_forward_alloc():
+        moe_routing.moe_finalize_routing(y, eri, scales=scales, drop_pad_mode=2)
+
+    torch_out, expressions = combine_torch_forward(case)
+    ours_forward()
+    for fn in expressions.values():  # the same math, summed in other orders: equal to rounding
+        fn()
+        torch.testing.assert_close(torch_out.float(), out.float(), rtol=2e-2, atol=1e-2)
+    start = start_state(fwd_bytes, no_scrub)
+    times = run_times([ours_forward] + list(expressions.values()), runs, start=start)
+    (alloc_times,) = run_times([ours_forward_alloc], runs, start=start)
+    best, expr = best_of(list(zip(times[1:], expressions)))
+    results.append(row("combine", shape, n, times[0], alloc_times, best, expr, fwd_bytes))
+
+    # ---- backward ----
+    grad_y = torch.randn(n, h, generator=gen).to(dtype)
+    bwd_bytes = n * h * esize + n * k * 4 + 2 * n * k * h * esize + 2 * n * k * ssize
+    outs = (torch.empty(n * k, h, dtype=dtype), torch.empty(n, k, dtype=scales.dtype))
+
+    def ours_backward():
+        moe_routing.moe_finalize_routing_grad(grad_y, eri, y, scales, out=outs)
+
+    def ours_backward_alloc():
+        moe_routing.moe_finalize_routing_grad(grad_y, eri, y, scales)
+
+    torch_outs, expressions = combine_torch_backward(case, grad_y)
+    ours_backward()
+    for fn in expressions.values():
+        fn()
+        # A row's gradient is one float32 product rounded once: the same bits; grad_scales' sums
+        # over H are in other orders.
+        assert torch.equal(torch_outs[0], outs[0]), "combine backward: grad_expanded_x differs"
+        torch.testing.assert_close(torch_outs[1], outs[1], rtol=1e-3, atol=1e-3)
+    start = start_state(bwd_bytes, no_scrub)
+    times = run_times([ours_backward] + list(expressions.values()), runs, start=start)
+    (alloc_times,) = run_times([ours_backward_alloc], runs, start=start)
+    best, expr = best_of(list(zip(times[1:], expressions)))
+    results.append(row("combine_backward", shape, n, times[0], alloc_times, best, expr, bwd_bytes))
+    return results
+
+
+MEASURES = {"dispatch": measure_dispatch, "combine": measure_combine}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="deepseek-v3,qwen3-235b,qwen3-30b,mixtral")
+    parser.add_argument("--ops", default="dispatch,combine",
+                        help="which operators' rows: dispatch (forward, backward), combine (combine, "
+                             "combine_backward)")
     parser.add_argument("--tokens", default="1,16,128,1024,4096")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--runs", type=int, default=7,
@@ -210,25 +376,32 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     shapes = args.shapes.split(",")
+    ops = args.ops.split(",")
+    for op in ops:
+        if op not in MEASURES:
+            parser.error(f"--ops: unknown operator {op!r}; choose from {', '.join(MEASURES)}")
     tokens = [int(t) for t in args.tokens.split(",")]
     gen = torch.Generator().manual_seed(0)
     rows = []
-    total = len(shapes) * len(tokens)
+    total = len(shapes) * len(tokens) * len(ops)
+    done = 0
     for shape in shapes:
         if shape not in SHAPES:
             parser.error(f"--shapes: unknown shape {shape!r}; choose from {', '.join(SHAPES)}")
         for n in tokens:
-            print(f"[torch_compare {len(rows) // 2 + 1}/{total}] {shape} N={n}", file=sys.stderr, flush=True)
-            rows.extend(measure(shape, n, dtype, args.runs, gen, no_scrub=args.no_scrub))
+            for op in ops:
+                done += 1
+                print(f"[torch_compare {done}/{total}] {op} {shape} N={n}", file=sys.stderr, flush=True)
+                rows.extend(MEASURES[op](shape, n, dtype, args.runs, gen, no_scrub=args.no_scrub))
     print(f"moe_routing vs PyTorch {torch.__version__} eager, {args.dtype}, {torch.get_num_threads()} threads, "
           f"median of >= {args.runs} runs (calls under ~40 ms: more, ~0.3 s of each); "
           f"{'no cache scrub' if args.no_scrub else 'each call starts from a scrubbed cache (>= 64 MiB moved) or warm'}")
-    print(f"{'op':9} {'shape':12} {'N':>6} {'ours ms':>9} {'alloc ms':>9} {'torch ms':>9} {'ours GB/s':>10} "
+    print(f"{'op':16} {'shape':12} {'N':>6} {'ours ms':>9} {'alloc ms':>9} {'torch ms':>9} {'ours GB/s':>10} "
           f"{'torch GB/s':>11} {'speedup':>8}  torch expression")
     for r in rows:
         r["ours_gbps"] = r["bytes"] / r["ours_s"] / 1e9
         r["torch_gbps"] = r["bytes"] / r["torch_s"] / 1e9
-        print(f"{r['op']:9} {r['shape']:12} {r['tokens']:6d} {r['ours_s'] * 1e3:9.3f} "
+        print(f"{r['op']:16} {r['shape']:12} {r['tokens']:6d} {r['ours_s'] * 1e3:9.3f} "
               f"{r['ours_alloc_s'] * 1e3:9.3f} {r['torch_s'] * 1e3:9.3f} "
               f"{r['ours_gbps']:10.2f} {r['torch_gbps']:11.2f} {r['speedup']:7.2f}x  {r['torch_expr']}")
     if args.csv:
@@ -240,8 +413,11 @@ def main(argv=None) -> int:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-        for ax, op in zip(axes, ["forward", "backward"]):
+        titles = {"forward": "moe_init_routing", "backward": "moe_init_routing_grad",
+                  "combine": "moe_finalize_routing", "combine_backward": "moe_finalize_routing_grad"}
+        plotted = [op for op in titles if any(r["op"] == op for r in rows)]
+        fig, axes = plt.subplots(1, len(plotted), figsize=(6 * len(plotted), 4.5), squeeze=False)
+        for ax, op in zip(axes[0], plotted):
             for shape in shapes:
                 sel = [r for r in rows if r["op"] == op and r["shape"] == shape]
                 line, = ax.plot([r["tokens"] for r in sel], [r["ours_gbps"] for r in sel], "o-", label=f"ours {shape}")
@@ -250,8 +426,7 @@ def main(argv=None) -> int:
             ax.set_xscale("log")
             ax.set_xlabel("tokens")
             ax.set_ylabel("GB/s (bytes that must move / time)")
-            ax.set_title(f"moe_init_routing{'_grad' if op == 'backward' else ''} ({args.dtype}, "
-                         f"{torch.get_num_threads()} threads)")
+            ax.set_title(f"{titles[op]} ({args.dtype}, {torch.get_num_threads()} threads)")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()

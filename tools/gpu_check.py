@@ -6,8 +6,8 @@
      backward: index_select + view + sum, and index_add_;
      forward:  stable argsort + index_select + bincount (+ the inverse permutation).
 2. With --ext PATH (the _moe_routing_ops library built against this torch with CUDA): the torch
-   operators on CUDA tensors against the same operators on CPU tensors, bit for bit, and their
-   times through torch.
+   operators on CUDA tensors against the same operators on CPU tensors, bit for bit (the combine's
+   forward, grad and autograd backward too), and their times through torch.
 
 Appends `RESULT|op|impl|case|dtype|ms|GB/s|%copy|verified` lines to --results.
 """
@@ -131,6 +131,7 @@ def extension_checks(out, path, copy_gbps):
                 tag = f"torch operators {DTYPE_NAMES[dtype]} drop_pad {drop_pad} {order}"
                 print(("PASS " if same else "FAIL ") + tag + " (CUDA tensors vs CPU tensors and out=, bit for bit)")
                 failures += not same
+    failures += combine_checks(ops, generator, "cuda")
     # Errors keep their category: a bad index is an IndexError with the core's message.
     try:
         ops.moe_init_routing_grad(torch.ones(6, 2, device="cuda"),
@@ -157,6 +158,57 @@ def extension_checks(out, path, copy_gbps):
         bwd = lambda: ops.moe_init_routing_grad(g, row_idx, k, 0, 0)
         emit(out, "moe_init_routing_grad", "ours-torch-op", case, dtype, median_ms(bwd), p * h * 2 + p * 4 + n * h * 2,
              copy_gbps)
+    return failures
+
+
+def combine_checks(ops, generator, device):
+    """moe_finalize_routing (every drop_pad_mode, both numerics, bias / x1 / x2 / scales) and its
+    grad through the torch operators on `device` tensors against CPU tensors, bit for bit: the
+    forward, the out= overloads, the grad, and the autograd backward."""
+    failures = 0
+    n, k, h, e = 300, 8, 1031, 16
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        scales_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+        for mode in (0, 1, 2, 3):
+            for numerics in ("atlas_a2", "ascend_950"):
+                rows = e * 200 if mode in (1, 3) else n * k - 100  # dropless: 100 pairs cut
+                index = torch.randperm(max(rows, n * k), generator=generator)[:n * k]
+                index = torch.where(index < (rows if mode in (1, 3) else n * k), index, -1).to(torch.int32)
+                cpu = dict(expanded_x=torch.randn(rows, h, generator=generator).to(dtype),
+                           x1=torch.randn(n, h, generator=generator).to(dtype),
+                           x2=torch.randn(n, h, generator=generator).to(dtype),
+                           bias=torch.randn(e, h, generator=generator).to(dtype),
+                           scales=torch.rand(n, k, generator=generator).to(scales_dtype),
+                           expert_idx=torch.randint(0, e, (n, k), dtype=torch.int32, generator=generator))
+                if mode in (1, 3):
+                    cpu["expanded_x"] = cpu["expanded_x"].view(e, 200, h)
+                dev = {name: t.to(device) for name, t in cpu.items()}
+                kwargs = dict(drop_pad_mode=mode, numerics=numerics)
+                results = []
+                for inputs, idx in ((cpu, index), (dev, index.to(device))):
+                    leaves = {name: t.clone().requires_grad_(t.is_floating_point()) for name, t in inputs.items()}
+                    out = ops.moe_finalize_routing(leaves["expanded_x"], idx, leaves["x1"], leaves["x2"],
+                                                   leaves["bias"], leaves["scales"], leaves["expert_idx"], **kwargs)
+                    grad_y = torch.randn(n, h, generator=torch.Generator().manual_seed(mode)).to(dtype).to(device)
+                    out.backward(grad_y)
+                    written = torch.full_like(out, 7)
+                    ops.moe_finalize_routing.out(inputs["expanded_x"], idx, inputs["x1"], inputs["x2"],
+                                                 inputs["bias"], inputs["scales"], inputs["expert_idx"],
+                                                 **kwargs, out=written)
+                    row_index = idx if mode >= 2 else idx.view(k, n).t().reshape(-1).contiguous()
+                    grad_mode = 1 if mode in (1, 3) else 0
+                    grads = ops.moe_finalize_routing_grad(
+                        grad_y, row_index, inputs["expanded_x"], inputs["scales"], inputs["expert_idx"],
+                        inputs["bias"], grad_mode, 0 if grad_mode else rows, e if grad_mode else 0,
+                        200 if grad_mode else 0, numerics=numerics, compute_grad_bias=True)
+                    results.append([out.detach(), written] + list(grads) +
+                                   [leaves[name].grad for name in ("expanded_x", "x1", "x2", "bias", "scales")])
+                same = all(torch.equal(a.contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8))
+                           for a, b in zip(*results))
+                tag = f"torch combine {DTYPE_NAMES[dtype]} drop_pad_mode {mode} {numerics}"
+                print(("PASS " if same else "FAIL ") + tag + f" ({device} tensors vs CPU tensors: forward, out=, "
+                      "grad, autograd, bit for bit)")
+                failures += not same
     return failures
 
 

@@ -127,6 +127,122 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, scale: Optional[
     return torch.ops.moe_routing.moe_init_routing(*args, numerics=numerics)
 
 
+def moe_finalize_routing(expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor,
+                         x1: Optional[torch.Tensor] = None, x2: Optional[torch.Tensor] = None,
+                         bias: Optional[torch.Tensor] = None, scales: Optional[torch.Tensor] = None,
+                         expert_idx: Optional[torch.Tensor] = None, x: Optional[torch.Tensor] = None,
+                         alpha1: Optional[torch.Tensor] = None, alpha2: Optional[torch.Tensor] = None,
+                         v: Optional[torch.Tensor] = None, drop_pad_mode: Optional[int] = 0,
+                         zero_expert_range: Optional[List[int]] = None, copy_expert_range: Optional[List[int]] = None,
+                         constant_expert_range: Optional[List[int]] = None, k: Optional[int] = 1, *,
+                         numerics: str = "atlas_a2", api: str = "v2", out=None) -> torch.Tensor:
+    """cann_ops_transformer.moe_finalize_routing (aclnnMoeFinalizeRoutingV2/V3/V4), differentiable:
+    out[i] = x1[i] + x2[i] + sum_t scales[i, t] * (expanded_x[row(i, t)] + bias[expert_idx[i, t]]).
+
+    The arguments up to k are CANN's, in CANN's order (positional or keyword).
+
+    Args:
+        expanded_x: the experts' outputs, float32/float16/bfloat16; [R, H] (drop_pad_mode 0/2,
+            R <= N*K) or [E, C, H] (1/3).
+        expanded_row_idx: int32 [N*K], the row of expanded_x of each (token, choice) pair: at
+            t*N + i (drop_pad_mode 0/1, column layout) or i*K + t (2/3, row layout: what
+            moe_init_routing returns). -1 skips a pair; in modes 0/2 so does a value in [R, N*K).
+        x1, x2: optional [N, H], dtype of expanded_x (shared expert / residual); x2 needs x1.
+        bias: optional [E, H], dtype of expanded_x, added to each pair's row; needs expert_idx.
+        scales: optional [N, K], dtype of expanded_x (or float32 with bfloat16); K = its size(1).
+        expert_idx: optional int32 [N, K] (row-major in every mode), each pair's expert.
+        x, alpha1, alpha2, v: V3/V4 special experts (x [N, H]; the others
+            [constant range size, H]).
+        drop_pad_mode: 0..3 (None: 0), the layout above.
+        zero_expert_range, copy_expert_range, constant_expert_range: [start, end) (two ints) or
+            None: pairs routed to a zero expert add nothing, a copy expert contributes x[i], a
+            constant expert alpha1 * x[i] + alpha2 * v (docs/moe_finalize_routing.md).
+        k: K when scales is None (None: 1); with scales, 1 or scales.size(1).
+        numerics: "atlas_a2" (default; Atlas A2/A3: float16 accumulates in float16) or
+            "ascend_950" (float32 accumulation for every dtype); autograd's backward follows it.
+        api: "v2" (default; V2/V3/V4) or "v1" (aclnnMoeFinalizeRouting: drop_pad_mode 0 with x1,
+            bias, scales and expert_idx required; bfloat16 rounded half away from zero under
+            atlas_a2).
+        out: optional contiguous [N, H] tensor of expanded_x's dtype on its device to write into
+            (no allocation; not differentiable; must not overlap an input).
+
+    Returns:
+        out [N, H], dtype of expanded_x (``out`` when given).
+
+    Raises:
+        ValueError: invalid arguments; IndexError: an index or expert id out of range.
+
+    Autograd: expanded_x, scales, x1, x2 and bias get gradients in every drop_pad_mode (see
+    moe_finalize_routing_grad and docs/python.md); with a copy or constant expert range only
+    expanded_x, x1 and x2 do (NotImplementedError for the others).
+    """
+    ranges = [None if r is None else _two_ints("moe_finalize_routing", name, r)
+              for name, r in (("zero_expert_range", zero_expert_range), ("copy_expert_range", copy_expert_range),
+                              ("constant_expert_range", constant_expert_range))]
+    args = (expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, x, alpha1, alpha2, v, drop_pad_mode,
+            *ranges, k)
+    if out is not None:
+        torch.ops.moe_routing.moe_finalize_routing.out(*args, numerics=numerics, api=api, out=out)
+        return out
+    return torch.ops.moe_routing.moe_finalize_routing(*args, numerics=numerics, api=api)
+
+
+def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tensor,
+                              expanded_x: Optional[torch.Tensor] = None, scales: Optional[torch.Tensor] = None,
+                              expert_idx: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                              drop_pad_mode: int = 0, active_num: Union[int, torch.SymInt] = 0,
+                              expert_num: Union[int, torch.SymInt] = 0,
+                              expert_capacity: Union[int, torch.SymInt] = 0, *, numerics: str = "atlas_a2",
+                              grad_bias: bool = False, out=None):
+    """cann_ops_transformer.moe_finalize_routing_grad (aclnnMoeFinalizeRoutingV2Grad).
+
+    The arguments up to expert_capacity are CANN's, in CANN's order (positional or keyword).
+    The index is in row layout (pair p = i*K + t at expanded_row_idx[p]) in both modes.
+
+    Args:
+        grad_y: [N, H] float32/float16/bfloat16, the gradient of the forward's out.
+        expanded_row_idx: int32 [N*K]. -1 (and in mode 0 a value in [active_num, N*K)) marks a
+            dropped pair: it gets no row and a zero grad_scales.
+        expanded_x: optional, the forward's, of grad_expanded_x's shape; needed for grad_scales.
+        scales: optional [N, K], dtype of grad_y (or float32 with bfloat16). Without it
+            K = len(expanded_row_idx) / N and rows get grad_y itself.
+        expert_idx, bias: optional, the forward's ([N, K] int32, [E, H]); bias needs expert_idx.
+        drop_pad_mode: 0 (dropless: grad_expanded_x [N*K, H], or [active_num, H] when
+            0 < active_num < N*K) or 1 (drop-pad: [expert_num, expert_capacity, H]).
+        active_num, expert_num, expert_capacity: as above (ints or SymInts).
+        numerics: "atlas_a2" (default) or "ascend_950": grad_scales' summation order.
+        grad_bias: also return grad_bias (ours: CANN has none) [E, H], dtype of grad_y.
+        out: optional tuple (grad_expanded_x, grad_scales[, grad_bias]) to write into (exactly the
+            shapes returned; grad_scales may be None: not computed); no allocation, not
+            differentiable, must not overlap an input or each other.
+
+    Returns:
+        (grad_expanded_x, grad_scales), or with grad_bias=True (grad_expanded_x, grad_scales,
+        grad_bias). grad_scales is [N, K] of scales' dtype when scales and expanded_x are given,
+        else an empty tensor; grad_bias is empty without bias. Formulas and orders:
+        docs/moe_finalize_routing.md.
+
+    Raises:
+        ValueError: invalid arguments; IndexError: an index or expert id out of range.
+    """
+    args = (grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode, active_num, expert_num,
+            expert_capacity)
+    if out is not None:
+        wanted = 3 if grad_bias else 2
+        if len(out) != wanted:
+            names = "grad_expanded_x, grad_scales" + (", grad_bias" if grad_bias else "")
+            raise ValueError(f"moe_finalize_routing_grad: out must be a tuple of {wanted} tensors ({names}), "
+                             f"got {len(out)}")
+        out = tuple(out)
+        torch.ops.moe_routing.moe_finalize_routing_grad.out(
+            *args, numerics=numerics, grad_expanded_x=out[0], grad_scales=out[1],
+            grad_bias=out[2] if grad_bias else None)
+        return out
+    results = torch.ops.moe_routing.moe_finalize_routing_grad(
+        *args, numerics=numerics, compute_grad_scales=True, compute_grad_bias=grad_bias)
+    return results if grad_bias else results[:2]
+
+
 def _two_ints(op: str, name: str, values) -> list:
     """A list of two ints from any sequence of two integer values; floats are refused rather than
     truncated ([0.9, 2.9] is not [0, 2])."""

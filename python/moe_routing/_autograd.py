@@ -1,4 +1,5 @@
-"""Autograd for the forward operators: the backward of x runs our moe_init_routing_grad operator.
+"""Autograd for the operators: the dispatch's backward runs our moe_init_routing_grad operator, the
+combine's (moe_finalize_routing, at the end) our moe_finalize_routing_grad.
 
 Beyond CANN (docs/decisions.md §13) every non-quantised forward is differentiable: dropless,
 active_num truncation, drop-pad, partial active_expert_range, row_idx_type 0 and 1; topk_weight
@@ -145,3 +146,109 @@ def _grad_backward(ctx, grad_output):
 
 torch.library.register_autograd("moe_routing::moe_init_routing_grad", _grad_backward,
                                 setup_context=_grad_setup_context)
+
+
+# ---- moe_finalize_routing (the combine) -------------------------------------------------------
+#
+# Every drop_pad_mode is differentiable (CANN's autograd: modes 0/1, expanded_x and scales only).
+# The backward is one moe_finalize_routing_grad call in the forward's numerics: the index goes to
+# its row layout (modes 0/1 transpose [K, N] -> [N, K]), pairs of the V3/V4 special experts read
+# no expanded_x row and are marked dropped (-1), and the core computes grad_expanded_x,
+# grad_scales and grad_bias (docs/moe_finalize_routing.md gives their formulas and orders); x1 and
+# x2 get grad_y itself.
+
+_finalize_grad = torch.ops.moe_routing.moe_finalize_routing_grad
+_FINALIZE_INPUTS = 16  # the forward's positional inputs
+# Inputs whose gradient needs a special expert's term (its x row or constant), which no operator
+# computes: with a copy or constant expert range their backward is not implemented.
+_SPECIAL_TERM_INPUTS = {4: "bias", 5: "scales", 7: "x", 8: "alpha1", 9: "alpha2", 10: "v"}
+
+
+def _range_enabled(expert_range):
+    return expert_range is not None and tuple(expert_range) != (-1, -1)
+
+
+def _finalize_setup_context(ctx, inputs, keyword_only_inputs, output):
+    (expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, x, alpha1, alpha2, v, drop_pad_mode,
+     zero_expert_range, copy_expert_range, constant_expert_range, k) = inputs
+    ctx.drop_pad_mode = 0 if drop_pad_mode is None else drop_pad_mode
+    ctx.top_k = scales.shape[1] if scales is not None else (1 if k is None else k)
+    ranges = (zero_expert_range, copy_expert_range, constant_expert_range)
+    ctx.special_ranges = [tuple(r) for r in ranges if _range_enabled(r)]
+    ctx.has_term_experts = _range_enabled(copy_expert_range) or _range_enabled(constant_expert_range)
+    ctx.numerics = keyword_only_inputs["numerics"]
+    ctx.save_for_backward(expanded_x, expanded_row_idx, scales, expert_idx, bias)
+
+
+def _finalize_backward(ctx, grad_y):
+    expanded_x, expanded_row_idx, scales, expert_idx, bias = ctx.saved_tensors
+    # needs_input_grad covers the arguments of the call up to its last non-default one.
+    needs = tuple(ctx.needs_input_grad) + (False,) * (_FINALIZE_INPUTS - len(ctx.needs_input_grad))
+    grads = [None] * _FINALIZE_INPUTS
+    if grad_y is None:
+        return tuple(grads)
+    if ctx.has_term_experts:
+        refused = [name for i, name in _SPECIAL_TERM_INPUTS.items() if needs[i]]
+        if refused:
+            raise NotImplementedError(
+                f"moe_finalize_routing: backward is not implemented for {', '.join(refused)} with a copy or "
+                "constant expert range (their gradients need the special experts' terms); expanded_x, x1 and "
+                "x2 get gradients")
+    grad_y = grad_y.contiguous()
+    if needs[2]:
+        grads[2] = grad_y
+    if needs[3]:
+        grads[3] = grad_y
+    want_x, want_bias, want_scales = needs[0], needs[4], needs[5] and scales is not None
+    if not (want_x or want_bias or want_scales):
+        return tuple(grads)
+    k = ctx.top_k
+    n = grad_y.shape[0]
+    index = expanded_row_idx if ctx.drop_pad_mode >= 2 else expanded_row_idx.view(k, n).t().reshape(-1)
+    if ctx.special_ranges:
+        special = torch.zeros_like(expert_idx, dtype=torch.bool)
+        for start, end in ctx.special_ranges:
+            special |= (expert_idx >= start) & (expert_idx < end)
+        index = torch.where(special.view(-1), -1, index).to(torch.int32)
+    if ctx.drop_pad_mode in (1, 3):
+        mode, active_num, experts, capacity = 1, 0, expanded_x.shape[0], expanded_x.shape[1]
+    else:
+        mode, active_num, experts, capacity = 0, expanded_x.shape[0], 0, 0
+        if active_num == 0:
+            # No rows (every pair dropped or cut; the grad's active_num 0 would mean "all N*K
+            # rows"): nothing was read, so the gradients are an empty one and zeros.
+            grads[0] = expanded_x.new_zeros(expanded_x.shape) if want_x else None
+            grads[4] = bias.new_zeros(bias.shape) if want_bias else None
+            grads[5] = scales.new_zeros(scales.shape) if want_scales else None
+            return tuple(grads)
+    grad_expanded_x, grad_scales, grad_bias = _finalize_grad(
+        grad_y, index, expanded_x if want_scales else None, scales, expert_idx if bias is not None else None, bias,
+        mode, active_num, experts, capacity, numerics=ctx.numerics, compute_grad_scales=want_scales,
+        compute_grad_bias=want_bias)
+    if want_x:
+        grads[0] = grad_expanded_x
+    if want_bias:
+        grads[4] = grad_bias
+    if want_scales:
+        grads[5] = grad_scales
+    return tuple(grads)
+
+
+torch.library.register_autograd("moe_routing::moe_finalize_routing", _finalize_backward,
+                                setup_context=_finalize_setup_context)
+
+
+def _finalize_grad_setup_context(ctx, inputs, keyword_only_inputs, output):
+    pass
+
+
+def _finalize_grad_backward(ctx, *grads):
+    raise NotImplementedError(
+        "moe_finalize_routing_grad: backward is not implemented (a second derivative of "
+        "moe_finalize_routing); differentiate the forward once, or detach its gradients")
+
+
+# Registered so that a double backward through the combine fails clearly instead of PyTorch's
+# fallback, which only warns and leaves the gradient out.
+torch.library.register_autograd("moe_routing::moe_finalize_routing_grad", _finalize_grad_backward,
+                                setup_context=_finalize_grad_setup_context)

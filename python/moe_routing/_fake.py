@@ -158,3 +158,122 @@ def _moe_init_routing_out_fake(x, expert_idx, scale=None, offset=None, topk_weig
                 expanded_topk_weight=expanded_topk_weight)
     _check_out("moe_init_routing", x, outs, expected)
     return None
+
+
+# ---- the combine -------------------------------------------------------------------------------
+
+_FINALIZE_APIS = ("v1", "v2")
+
+
+@torch.library.register_fake("moe_routing::moe_finalize_routing")
+def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, bias=None, scales=None,
+                               expert_idx=None, x=None, alpha1=None, alpha2=None, v=None, drop_pad_mode=0,
+                               zero_expert_range=None, copy_expert_range=None, constant_expert_range=None, k=1, *,
+                               numerics="atlas_a2", api="v2"):
+    op = "moe_finalize_routing"
+    _check_devices(op, expanded_x, expanded_row_idx=expanded_row_idx, x1=x1, x2=x2, bias=bias, scales=scales,
+                   expert_idx=expert_idx, x=x, alpha1=alpha1, alpha2=alpha2, v=v)
+    _check_numerics(op, numerics)
+    if api not in _FINALIZE_APIS:
+        raise ValueError(f'{op}: api must be "v1" or "v2", got "{api}"')
+    mode = 0 if drop_pad_mode is None else drop_pad_mode
+    if mode not in (0, 1, 2, 3):
+        raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless, column), 1 (drop-pad, column), "
+                         f"2 (dropless, row) or 3 (drop-pad, row), got {mode}")
+    for name, r in (("zero_expert_range", zero_expert_range), ("copy_expert_range", copy_expert_range),
+                    ("constant_expert_range", constant_expert_range)):
+        if r is not None and len(r) != 2:
+            raise ValueError(f"{op}: {name} must be a list of two ints [start, end], got {len(r)} values")
+    drop_pad = mode in (1, 3)
+    if expanded_x.dim() != (3 if drop_pad else 2):
+        raise ValueError(f"{op}: expanded_x must be {'3-D [E, C, H]' if drop_pad else '2-D [R, H]'} when "
+                         f"drop_pad_mode={mode}, got {expanded_x.dim()}-D")
+    if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
+        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {expanded_row_idx.dim()}-D "
+                         f"{expanded_row_idx.dtype}")
+    top_k = 1 if k is None else k
+    if scales is not None:
+        if scales.dim() != 2:
+            raise ValueError(f"{op}: scales must be 2-D [N, K], got {scales.dim()}-D")
+        top_k = scales.shape[1]
+    if top_k < 1:
+        raise ValueError(f"{op}: top_k must be >= 1, got {top_k}")
+    return expanded_x.new_empty((expanded_row_idx.shape[0] // top_k, expanded_x.shape[-1]))
+
+
+@torch.library.register_fake("moe_routing::moe_finalize_routing.out")
+def _moe_finalize_routing_out_fake(expanded_x, expanded_row_idx, x1=None, x2=None, bias=None, scales=None,
+                                   expert_idx=None, x=None, alpha1=None, alpha2=None, v=None, drop_pad_mode=0,
+                                   zero_expert_range=None, copy_expert_range=None, constant_expert_range=None, k=1,
+                                   *, numerics="atlas_a2", api="v2", out):
+    expected = _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, x, alpha1,
+                                          alpha2, v, drop_pad_mode, zero_expert_range, copy_expert_range,
+                                          constant_expert_range, k, numerics=numerics, api=api)
+    _check_out("moe_finalize_routing", expanded_x, {"y": out}, (expected,))
+    return None
+
+
+def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode,
+                          active_num, expert_num, expert_capacity, numerics):
+    """(grad_expanded_x, grad_scales, grad_bias) as empty tensors of their full shapes; grad_scales and
+    grad_bias None where the inputs cannot produce them."""
+    _check_devices(op, grad_y, expanded_row_idx=expanded_row_idx, expanded_x=expanded_x, scales=scales,
+                   expert_idx=expert_idx, bias=bias)
+    _check_numerics(op, numerics)
+    if drop_pad_mode not in (0, 1):
+        raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless, row layout) or 1 (drop-pad, row layout), "
+                         f"got {drop_pad_mode}")
+    if grad_y.dim() != 2:
+        raise ValueError(f"{op}: grad_y must be 2-D [N, H] float16, bfloat16 or float32, got {grad_y.dim()}-D")
+    if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
+        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {expanded_row_idx.dim()}-D "
+                         f"{expanded_row_idx.dtype}")
+    n, hidden = grad_y.shape
+    pairs = expanded_row_idx.shape[0]
+    if drop_pad_mode == 1:
+        grad_expanded_x = grad_y.new_empty((expert_num, expert_capacity, hidden))
+    else:
+        # The core's rule (active_num in (0, N*K) cuts the rows), written without a guard on the
+        # symbolic pair count.
+        rows = pairs if active_num == 0 else torch.sym_min(active_num, pairs)
+        grad_expanded_x = grad_y.new_empty((rows, hidden))
+    grad_scales = None
+    if scales is not None and expanded_x is not None:
+        grad_scales = scales.new_empty(scales.shape)
+    grad_bias = None if bias is None else grad_y.new_empty(bias.shape)
+    return grad_expanded_x, grad_scales, grad_bias
+
+
+@torch.library.register_fake("moe_routing::moe_finalize_routing_grad")
+def _moe_finalize_routing_grad_fake(grad_y, expanded_row_idx, expanded_x=None, scales=None, expert_idx=None,
+                                    bias=None, drop_pad_mode=0, active_num=0, expert_num=0, expert_capacity=0, *,
+                                    numerics="atlas_a2", compute_grad_scales=True, compute_grad_bias=False):
+    grad_expanded_x, grad_scales, grad_bias = _finalize_grad_shapes(
+        "moe_finalize_routing_grad", grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode,
+        active_num, expert_num, expert_capacity, numerics)
+    # Not asked for, or not producible: an empty tensor of the output's dtype (the kernel's rule).
+    scales_dtype = grad_y.dtype if scales is None else scales.dtype
+    if grad_scales is None or not compute_grad_scales:
+        grad_scales = grad_y.new_empty((0,), dtype=scales_dtype)
+    if grad_bias is None or not compute_grad_bias:
+        grad_bias = grad_y.new_empty((0,))
+    return grad_expanded_x, grad_scales, grad_bias
+
+
+@torch.library.register_fake("moe_routing::moe_finalize_routing_grad.out")
+def _moe_finalize_routing_grad_out_fake(grad_y, expanded_row_idx, expanded_x=None, scales=None, expert_idx=None,
+                                        bias=None, drop_pad_mode=0, active_num=0, expert_num=0, expert_capacity=0, *,
+                                        numerics="atlas_a2", grad_expanded_x, grad_scales=None, grad_bias=None):
+    op = "moe_finalize_routing_grad"
+    expected = _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias,
+                                     drop_pad_mode, active_num, expert_num, expert_capacity, numerics)
+    if grad_scales is not None and expected[1] is None:
+        raise ValueError(f"{op}: grad_scales needs scales and expanded_x, got "
+                         f"{'no expanded_x' if scales is not None else 'no scales'}")
+    if grad_bias is not None and expected[2] is None:
+        raise ValueError(f"{op}: grad_bias needs bias, got none")
+    outs = {name: t for name, t in (("grad_expanded_x", grad_expanded_x), ("grad_scales", grad_scales),
+                                    ("grad_bias", grad_bias)) if t is not None}
+    _check_out(op, grad_y, outs, [e for e, t in zip(expected, (grad_expanded_x, grad_scales, grad_bias))
+                                  if t is not None])
+    return None

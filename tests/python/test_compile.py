@@ -96,17 +96,24 @@ def test_opcheck(name, args, kwargs):
     torch.library.opcheck(getattr(ops, name).default, args, kwargs)
 
 
-@pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
-def test_fake_shapes_equal_real_shapes(name, args, kwargs):
+def assert_fake_shapes_equal_real_shapes(name, args, kwargs):
+    """The operator on fake tensors gives the shapes and dtypes it gives on real ones."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     real = getattr(ops, name)(*args, **kwargs)
     real = real if isinstance(real, tuple) else (real,)
     with FakeTensorMode() as mode:
         fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        fake = getattr(ops, name)(*fake_args, **kwargs)
+        fake_kwargs = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        fake = getattr(ops, name)(*fake_args, **fake_kwargs)
     fake = fake if isinstance(fake, tuple) else (fake,)
+    assert len(real) == len(fake), name
     for r, f in zip(real, fake):
         assert tuple(r.shape) == tuple(f.shape) and r.dtype == f.dtype, name
+
+
+@pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
+def test_fake_shapes_equal_real_shapes(name, args, kwargs):
+    assert_fake_shapes_equal_real_shapes(name, args, kwargs)
 
 
 def _layer_outputs_and_grads(model, forward, x):

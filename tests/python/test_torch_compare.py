@@ -5,6 +5,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
+import moe_routing
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "bench", "torch_compare.py")
 
@@ -49,9 +54,50 @@ def test_small_sweep_prints_and_writes_every_row(tmp_path):
                            "--csv", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(open(out)))
-    assert [(r["op"], r["tokens"]) for r in rows] == [("forward", "1"), ("backward", "1"),
-                                                      ("forward", "3"), ("backward", "3")]
+    ops = ["forward", "backward", "combine", "combine_backward"]
+    assert [(r["op"], r["tokens"]) for r in rows] == [(op, n) for n in ("1", "3") for op in ops]
     for r in rows:
         assert float(r["ours_s"]) > 0 and float(r["torch_s"]) > 0 and float(r["speedup"]) > 0
-    assert "[torch_compare 2/2] mixtral N=3" in done.stderr
-    assert done.stdout.count("mixtral") == 4
+    assert {r["torch_expr"] for r in rows if r["op"] == "combine"} <= {"index_select+mul+sum", "index_select+bmm",
+                                                                       "index_add_"}
+    assert "[torch_compare 4/4] combine mixtral N=3" in done.stderr
+    assert done.stdout.count("mixtral") == 8
+
+
+def test_combine_rows_alone_and_unknown_ops(tmp_path):
+    out = tmp_path / "tc.csv"
+    done = subprocess.run([sys.executable, SCRIPT, "--shapes", "qwen3-30b", "--tokens", "2", "--runs", "1",
+                           "--ops", "combine", "--csv", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert [r["op"] for r in csv.DictReader(open(out))] == ["combine", "combine_backward"]
+    done = subprocess.run([sys.executable, SCRIPT, "--ops", "unpermute"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and "--ops: unknown operator 'unpermute'" in done.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_combine_torch_expressions_compute_our_operators_math(dtype):
+    # The PyTorch contenders must compute what ours do: the forward to rounding (other summation
+    # orders), grad_expanded_x bit for bit (one product rounded once), grad_scales to rounding.
+    tc = load_module()
+    gen = torch.Generator().manual_seed(0)
+    tc.SHAPES["tiny"] = (24, 5, 3)
+    try:
+        case = tc.combine_case("tiny", 7, dtype, gen)
+    finally:
+        del tc.SHAPES["tiny"]
+    expected = moe_routing.moe_finalize_routing(case["y"], case["eri"], scales=case["scales"], drop_pad_mode=2)
+    out, expressions = tc.combine_torch_forward(case)
+    assert set(expressions) == {"index_select+mul+sum", "index_select+bmm", "index_add_"}
+    for name, fn in expressions.items():
+        out.zero_()
+        fn()
+        torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=1e-2, msg=name)
+    grad_y = torch.randn(7, 24, generator=gen).to(dtype)
+    expected = moe_routing.moe_finalize_routing_grad(grad_y, case["eri"], case["y"], case["scales"])
+    outs, expressions = tc.combine_torch_backward(case, grad_y)
+    for name, fn in expressions.items():
+        outs[0].zero_()
+        outs[1].zero_()
+        fn()
+        assert torch.equal(outs[0], expected[0]), name
+        torch.testing.assert_close(outs[1], expected[1], rtol=1e-2, atol=1e-2, msg=name)

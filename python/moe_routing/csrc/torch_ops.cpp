@@ -74,6 +74,17 @@ at::ScalarType torch_dtype(DType dtype) {
   TORCH_CHECK(false, "moe_routing: internal error: unknown dtype ", static_cast<int>(dtype));
 }
 
+/// A contiguous copy (or the tensor itself) of an optional input; absent -> an undefined tensor.
+at::Tensor optional_contiguous(const std::optional<at::Tensor>& t) {
+  return t.has_value() ? t->contiguous() : at::Tensor();
+}
+
+/// An optional input as a tensor reference for the overlap checks (undefined when absent).
+const at::Tensor& or_absent(const std::optional<at::Tensor>& t) {
+  static const at::Tensor absent;
+  return t.has_value() ? *t : absent;
+}
+
 // ---- numerics ---------------------------------------------------------------------------------
 // The one place where the binding's `numerics` (and the backward's explicit `order`) meet the
 // core's attributes.
@@ -215,11 +226,12 @@ class Call {
   static void check_no_overlap(std::initializer_list<const at::Tensor*> outputs,
                                std::initializer_list<const at::Tensor*> inputs) {
     for (auto out = outputs.begin(); out != outputs.end(); ++out) {
+      if (!(*out)->defined()) continue;  // an optional output not asked for
       for (const at::Tensor* input : inputs) {
         if (input->defined()) at::assert_no_overlap(**out, *input);
       }
       for (auto other = outputs.begin(); other != out; ++other)
-        at::assert_no_overlap(**out, **other);
+        if ((*other)->defined()) at::assert_no_overlap(**out, **other);
     }
   }
 
@@ -368,9 +380,9 @@ RoutingOutputs moe_init_routing_into(
   set_numerics(parse_numerics(op, numerics), &attrs);
   const at::Tensor x_c = x.contiguous();
   const at::Tensor idx_c = expert_idx.contiguous();
-  const at::Tensor scale_c = scale.has_value() ? scale->contiguous() : at::Tensor();
-  const at::Tensor offset_c = offset.has_value() ? offset->contiguous() : at::Tensor();
-  const at::Tensor weight_c = topk_weight.has_value() ? topk_weight->contiguous() : at::Tensor();
+  const at::Tensor scale_c = optional_contiguous(scale);
+  const at::Tensor offset_c = optional_contiguous(offset);
+  const at::Tensor weight_c = optional_contiguous(topk_weight);
   const TensorView x_view = call.view("x", x_c);
   const TensorView idx_view = call.view("expert_idx", idx_c);
   const TensorView scale_view = call.optional_view("scale", scale_c);
@@ -387,10 +399,9 @@ RoutingOutputs moe_init_routing_into(
   at::Tensor o[5];
   for (int i = 0; i < 5; ++i) o[i] = call.output(names[i], *specs[i], out ? &out[i] : nullptr);
   if (out != nullptr) {
-    const at::Tensor absent;
-    Call::check_no_overlap({&o[0], &o[1], &o[2], &o[3], &o[4]},
-                           {&x, &expert_idx, scale ? &*scale : &absent, offset ? &*offset : &absent,
-                            topk_weight ? &*topk_weight : &absent});
+    Call::check_no_overlap(
+        {&o[0], &o[1], &o[2], &o[3], &o[4]},
+        {&x, &expert_idx, &or_absent(scale), &or_absent(offset), &or_absent(topk_weight)});
   }
   raise_if_error(moe_routing::moe_init_routing(
       x_view, idx_view, scale_view, offset_view, weight_view, attrs, call.view(names[0], o[0]),
@@ -432,6 +443,186 @@ void moe_init_routing_out(const at::Tensor& x, const at::Tensor& expert_idx,
                         quant_mode, active_expert_range, row_idx_type, x_dtype, numerics, out);
 }
 
+// ---- the combine: moe_finalize_routing and its grad -------------------------------------------
+
+/// An expert-range attribute of CANN's V3/V4: None is "no such experts" ([-1, -1]); otherwise
+/// exactly two ints [start, end).
+moe_routing::ExpertRange expert_range(const char* op, const char* name,
+                                      at::OptionalIntArrayRef range) {
+  moe_routing::ExpertRange r;
+  if (!range.has_value()) return r;
+  TORCH_CHECK_VALUE(range->size() == 2, op, ": ", name,
+                    " must be a list of two ints [start, end], got ", range->size(), " values");
+  r.start = (*range)[0];
+  r.end = (*range)[1];
+  return r;
+}
+
+moe_routing::FinalizeRoutingApi parse_api(const char* op, c10::string_view text) {
+  const std::string value(text);
+  moe_routing::FinalizeRoutingApi api = moe_routing::FinalizeRoutingApi::v2;
+  TORCH_CHECK_VALUE(moe_routing::parse_finalize_routing_api(value.c_str(), &api), op,
+                    ": api must be \"v1\" or \"v2\", got \"", value, "\"");
+  return api;
+}
+
+/// The functional and the out= kernel of an operator computed by `Into(out, args...)` (`out` null:
+/// allocated), so that its long argument list is written once.
+template <auto Into>
+struct FunctionalAndOut;
+template <typename... Args, at::Tensor (*Into)(const at::Tensor*, Args...)>
+struct FunctionalAndOut<Into> {
+  static at::Tensor functional(Args... args) { return Into(nullptr, args...); }
+  static void out(Args... args, at::Tensor& out) { Into(&out, args...); }
+};
+
+/// The forward into `out` (allocated when null). CANN's schema types drop_pad_mode and k as
+/// optional ints: None is their default (0 and 1).
+at::Tensor moe_finalize_routing_into(
+    const at::Tensor* out, const at::Tensor& expanded_x, const at::Tensor& expanded_row_idx,
+    const std::optional<at::Tensor>& x1, const std::optional<at::Tensor>& x2,
+    const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scales,
+    const std::optional<at::Tensor>& expert_idx, const std::optional<at::Tensor>& x,
+    const std::optional<at::Tensor>& alpha1, const std::optional<at::Tensor>& alpha2,
+    const std::optional<at::Tensor>& v, std::optional<int64_t> drop_pad_mode,
+    at::OptionalIntArrayRef zero_expert_range, at::OptionalIntArrayRef copy_expert_range,
+    at::OptionalIntArrayRef constant_expert_range, std::optional<int64_t> k,
+    c10::string_view numerics, c10::string_view api) {
+  constexpr const char* op = "moe_finalize_routing";
+  const Call call(op, expanded_x);
+  moe_routing::MoeFinalizeRoutingAttrs attrs;
+  attrs.drop_pad_mode = drop_pad_mode.value_or(0);
+  attrs.top_k = k.value_or(1);
+  attrs.zero_expert_range = expert_range(op, "zero_expert_range", zero_expert_range);
+  attrs.copy_expert_range = expert_range(op, "copy_expert_range", copy_expert_range);
+  attrs.constant_expert_range = expert_range(op, "constant_expert_range", constant_expert_range);
+  attrs.numerics = parse_numerics(op, numerics);
+  attrs.api = parse_api(op, api);
+  const at::Tensor ex_c = expanded_x.contiguous();
+  const at::Tensor idx_c = expanded_row_idx.contiguous();
+  constexpr int kOptionals = 9;
+  const std::optional<at::Tensor>* optionals[kOptionals] = {
+      &x1, &x2, &bias, &scales, &expert_idx, &x, &alpha1, &alpha2, &v};
+  const char* names[kOptionals] = {"x1", "x2",     "bias",   "scales", "expert_idx",
+                                   "x",  "alpha1", "alpha2", "v"};
+  moe_routing::MoeFinalizeRoutingInputs in;
+  TensorView* views[kOptionals] = {&in.x1, &in.x2,     &in.bias,   &in.scales, &in.expert_idx,
+                                   &in.x,  &in.alpha1, &in.alpha2, &in.v};
+  at::Tensor contiguous[kOptionals];
+  in.expanded_x = call.view("expanded_x", ex_c);
+  in.expanded_row_idx = call.view("expanded_row_idx", idx_c);
+  for (int i = 0; i < kOptionals; ++i) {
+    contiguous[i] = optional_contiguous(*optionals[i]);
+    *views[i] = call.optional_view(names[i], contiguous[i]);
+  }
+  moe_routing::MoeFinalizeRoutingPlan plan;
+  raise_if_error(moe_routing::infer_moe_finalize_routing(in, attrs, nullptr, &plan));
+  const at::Tensor result = call.output("y", plan.out, out);
+  if (out != nullptr) {
+    Call::check_no_overlap(
+        {&result}, {&expanded_x, &expanded_row_idx, &or_absent(x1), &or_absent(x2),
+                    &or_absent(bias), &or_absent(scales), &or_absent(expert_idx), &or_absent(x),
+                    &or_absent(alpha1), &or_absent(alpha2), &or_absent(v)});
+  }
+  raise_if_error(
+      moe_routing::moe_finalize_routing(in, attrs, call.view("out", result), call.exec_config()));
+  return result;
+}
+
+using FinalizeGradOutputs = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+/// The grad: (grad_expanded_x, grad_scales, grad_bias). Functional (`out` null): grad_scales /
+/// grad_bias are computed when asked for and the inputs allow it (scales and expanded_x / bias),
+/// and are empty [0] tensors otherwise. out= (`out` three tensors): exactly the defined ones are
+/// computed; the core refuses one that the inputs cannot produce.
+FinalizeGradOutputs moe_finalize_routing_grad_into(
+    const at::Tensor& grad_y, const at::Tensor& expanded_row_idx,
+    const std::optional<at::Tensor>& expanded_x, const std::optional<at::Tensor>& scales,
+    const std::optional<at::Tensor>& expert_idx, const std::optional<at::Tensor>& bias,
+    int64_t drop_pad_mode, int64_t active_num, int64_t expert_num, int64_t expert_capacity,
+    c10::string_view numerics, bool compute_grad_scales, bool compute_grad_bias,
+    const at::Tensor* out) {
+  constexpr const char* op = "moe_finalize_routing_grad";
+  const Call call(op, grad_y);
+  moe_routing::MoeFinalizeRoutingGradAttrs attrs;
+  attrs.drop_pad_mode = drop_pad_mode;
+  attrs.active_num = active_num;
+  attrs.expert_num = expert_num;
+  attrs.expert_capacity = expert_capacity;
+  attrs.numerics = parse_numerics(op, numerics);
+  const at::Tensor gy_c = grad_y.contiguous();
+  const at::Tensor idx_c = expanded_row_idx.contiguous();
+  const at::Tensor ex_c = optional_contiguous(expanded_x);
+  const at::Tensor scales_c = optional_contiguous(scales);
+  const at::Tensor expert_c = optional_contiguous(expert_idx);
+  const at::Tensor bias_c = optional_contiguous(bias);
+  moe_routing::MoeFinalizeRoutingGradInputs in;
+  in.grad_y = call.view("grad_y", gy_c);
+  in.expanded_row_idx = call.view("expanded_row_idx", idx_c);
+  in.expanded_x = call.optional_view("expanded_x", ex_c);
+  in.scales = call.optional_view("scales", scales_c);
+  in.expert_idx = call.optional_view("expert_idx", expert_c);
+  in.bias = call.optional_view("bias", bias_c);
+  moe_routing::MoeFinalizeRoutingGradPlan plan;
+  raise_if_error(moe_routing::infer_moe_finalize_routing_grad(in, attrs, nullptr, &plan));
+
+  // An optional output: out=, planned -> checked like any out=; out=, not producible -> passed
+  // on for the core's message; functional -> allocated when wanted and producible, else [0].
+  const auto optional_output = [&](const char* name, const moe_routing::OutputSpec& spec,
+                                   DType dtype, bool wanted, const at::Tensor* given) {
+    if (out != nullptr)
+      return given->defined() && spec.produced ? call.output(name, spec, given) : *given;
+    if (wanted && spec.produced) return call.output(name, spec, nullptr);
+    return at::empty({0}, at::TensorOptions(grad_y.device()).dtype(torch_dtype(dtype)));
+  };
+  const at::Tensor grad_expanded_x =
+      call.output("grad_expanded_x", plan.grad_expanded_x, out ? &out[0] : nullptr);
+  const at::Tensor grad_scales = optional_output("grad_scales", plan.grad_scales, plan.scales_dtype,
+                                                 compute_grad_scales, out ? &out[1] : nullptr);
+  const at::Tensor grad_bias = optional_output("grad_bias", plan.grad_bias, plan.dtype,
+                                               compute_grad_bias, out ? &out[2] : nullptr);
+  const bool scales_wanted =
+      out ? out[1].defined() : compute_grad_scales && plan.grad_scales.produced;
+  const bool bias_wanted = out ? out[2].defined() : compute_grad_bias && plan.grad_bias.produced;
+  if (out != nullptr) {
+    Call::check_no_overlap({&grad_expanded_x, &grad_scales, &grad_bias},
+                           {&grad_y, &expanded_row_idx, &or_absent(expanded_x), &or_absent(scales),
+                            &or_absent(expert_idx), &or_absent(bias)});
+  }
+  moe_routing::MoeFinalizeRoutingGradOutputs outputs;
+  outputs.grad_expanded_x = call.view("grad_expanded_x", grad_expanded_x);
+  if (scales_wanted) outputs.grad_scales = call.view("grad_scales", grad_scales);
+  if (bias_wanted) outputs.grad_bias = call.view("grad_bias", grad_bias);
+  raise_if_error(moe_routing::moe_finalize_routing_grad(in, attrs, outputs, call.exec_config()));
+  return {grad_expanded_x, grad_scales, grad_bias};
+}
+
+FinalizeGradOutputs moe_finalize_routing_grad(
+    const at::Tensor& grad_y, const at::Tensor& expanded_row_idx,
+    const std::optional<at::Tensor>& expanded_x, const std::optional<at::Tensor>& scales,
+    const std::optional<at::Tensor>& expert_idx, const std::optional<at::Tensor>& bias,
+    int64_t drop_pad_mode, int64_t active_num, int64_t expert_num, int64_t expert_capacity,
+    c10::string_view numerics, bool compute_grad_scales, bool compute_grad_bias) {
+  return moe_finalize_routing_grad_into(
+      grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode, active_num,
+      expert_num, expert_capacity, numerics, compute_grad_scales, compute_grad_bias, nullptr);
+}
+
+void moe_finalize_routing_grad_out(const at::Tensor& grad_y, const at::Tensor& expanded_row_idx,
+                                   const std::optional<at::Tensor>& expanded_x,
+                                   const std::optional<at::Tensor>& scales,
+                                   const std::optional<at::Tensor>& expert_idx,
+                                   const std::optional<at::Tensor>& bias, int64_t drop_pad_mode,
+                                   int64_t active_num, int64_t expert_num, int64_t expert_capacity,
+                                   c10::string_view numerics, at::Tensor& grad_expanded_x,
+                                   const std::optional<at::Tensor>& grad_scales,
+                                   const std::optional<at::Tensor>& grad_bias) {
+  const at::Tensor out[3] = {grad_expanded_x, or_absent(grad_scales), or_absent(grad_bias)};
+  moe_finalize_routing_grad_into(grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias,
+                                 drop_pad_mode, active_num, expert_num, expert_capacity, numerics,
+                                 false, false, out);
+}
+
 /// Autograd kernel of the out= overloads: like PyTorch's own out= operators they are not
 /// differentiable, so with grad mode on, any argument that requires grad (an input, or an out=
 /// tensor such as a leaf parameter that would be overwritten behind autograd's back) is an error
@@ -459,6 +650,11 @@ void register_kernels(torch::Library& m) {
   m.impl("moe_init_routing", TORCH_FN(moe_init_routing));
   m.impl("moe_init_routing_grad.out", TORCH_FN(moe_init_routing_grad_out));
   m.impl("moe_init_routing.out", TORCH_FN(moe_init_routing_out));
+  using Finalize = FunctionalAndOut<&moe_finalize_routing_into>;
+  m.impl("moe_finalize_routing", TORCH_FN(Finalize::functional));
+  m.impl("moe_finalize_routing.out", TORCH_FN(Finalize::out));
+  m.impl("moe_finalize_routing_grad", TORCH_FN(moe_finalize_routing_grad));
+  m.impl("moe_finalize_routing_grad.out", TORCH_FN(moe_finalize_routing_grad_out));
 }
 
 }  // namespace
@@ -500,6 +696,38 @@ TORCH_LIBRARY(moe_routing, m) {
       "Tensor(a!) expanded_x, Tensor(b!) expanded_row_idx, "
       "Tensor(c!) expert_tokens_count_or_cumsum, Tensor(d!) expanded_scale, "
       "Tensor(e!) expanded_topk_weight) -> ()");
+  // The combine: CANN's cann_ops_transformer.moe_finalize_routing arguments in CANN's order
+  // (CANN's Tensor? arguments have no defaults in its schema; ours default to None, which accepts
+  // the same calls), and aclnnMoeFinalizeRoutingV2Grad's. The grad also returns our grad_bias
+  // (empty unless compute_grad_bias, for autograd); active_num, expert_num and expert_capacity are
+  // SymInts so that autograd's backward, which passes expanded_x's extents, stays symbolic under
+  // torch.compile.
+  m.def(
+      "moe_finalize_routing(Tensor expanded_x, Tensor expanded_row_idx, Tensor? x1=None, "
+      "Tensor? x2=None, Tensor? bias=None, Tensor? scales=None, Tensor? expert_idx=None, "
+      "Tensor? x=None, Tensor? alpha1=None, Tensor? alpha2=None, Tensor? v=None, "
+      "int? drop_pad_mode=0, int[]? zero_expert_range=None, int[]? copy_expert_range=None, "
+      "int[]? constant_expert_range=None, int? k=1, *, str numerics=\"atlas_a2\", "
+      "str api=\"v2\") -> Tensor");
+  m.def(
+      "moe_finalize_routing.out(Tensor expanded_x, Tensor expanded_row_idx, Tensor? x1=None, "
+      "Tensor? x2=None, Tensor? bias=None, Tensor? scales=None, Tensor? expert_idx=None, "
+      "Tensor? x=None, Tensor? alpha1=None, Tensor? alpha2=None, Tensor? v=None, "
+      "int? drop_pad_mode=0, int[]? zero_expert_range=None, int[]? copy_expert_range=None, "
+      "int[]? constant_expert_range=None, int? k=1, *, str numerics=\"atlas_a2\", "
+      "str api=\"v2\", Tensor(a!) out) -> ()");
+  m.def(
+      "moe_finalize_routing_grad(Tensor grad_y, Tensor expanded_row_idx, "
+      "Tensor? expanded_x=None, Tensor? scales=None, Tensor? expert_idx=None, Tensor? bias=None, "
+      "int drop_pad_mode=0, SymInt active_num=0, SymInt expert_num=0, "
+      "SymInt expert_capacity=0, *, str numerics=\"atlas_a2\", bool compute_grad_scales=True, "
+      "bool compute_grad_bias=False) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "moe_finalize_routing_grad.out(Tensor grad_y, Tensor expanded_row_idx, "
+      "Tensor? expanded_x=None, Tensor? scales=None, Tensor? expert_idx=None, Tensor? bias=None, "
+      "int drop_pad_mode=0, SymInt active_num=0, SymInt expert_num=0, "
+      "SymInt expert_capacity=0, *, str numerics=\"atlas_a2\", Tensor(a!) grad_expanded_x, "
+      "Tensor(b!)? grad_scales=None, Tensor(c!)? grad_bias=None) -> ()");
   // Internal: a check that the kernels' loops really run on several of PyTorch's threads.
   m.def("_parallel_loop_threads(int num_tasks) -> int", &parallel_loop_threads);
   m.def("_uses_torch_pool() -> bool", &uses_torch_pool);
@@ -517,5 +745,9 @@ TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {
   m.impl("moe_init_routing_grad.out",
          torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
   m.impl("moe_init_routing.out",
+         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
+  m.impl("moe_finalize_routing.out",
+         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
+  m.impl("moe_finalize_routing_grad.out",
          torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
 }

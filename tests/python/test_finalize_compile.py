@@ -1,0 +1,204 @@
+"""torch.library.opcheck for the combine's operators (functional and out=), fake shapes equal real
+shapes, torch.compile(fullgraph=True) of forward and backward bit for bit, dynamic shapes."""
+import pytest
+import torch
+
+import moe_routing
+from reference import random_values
+from test_compile import assert_fake_shapes_equal_real_shapes
+
+ops = torch.ops.moe_routing
+I32 = torch.int32
+FORWARD_ORDER = ["x1", "x2", "bias", "scales", "expert_idx", "x", "alpha1", "alpha2", "v", "drop_pad_mode",
+                 "zero_expert_range", "copy_expert_range", "constant_expert_range", "k"]
+FORWARD_DEFAULTS = dict(x1=None, x2=None, bias=None, scales=None, expert_idx=None, x=None, alpha1=None, alpha2=None,
+                        v=None, drop_pad_mode=0, zero_expert_range=None, copy_expert_range=None,
+                        constant_expert_range=None, k=1)
+GRAD_ORDER = ["expanded_x", "scales", "expert_idx", "bias", "drop_pad_mode", "active_num", "expert_num",
+              "expert_capacity"]
+GRAD_DEFAULTS = dict(expanded_x=None, scales=None, expert_idx=None, bias=None, drop_pad_mode=0, active_num=0,
+                     expert_num=0, expert_capacity=0)
+
+
+def positional(args, kwargs, order, defaults):
+    """The raw operator's call: CANN's arguments positionally, ours by keyword."""
+    full = dict(defaults, **kwargs)
+    keywords = {name: value for name, value in full.items() if name not in order}
+    return tuple(args) + tuple(full[name] for name in order), keywords
+
+
+def forward_samples():
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        n, k, h, e = 5, 3, 7, 4
+        rows = random_values((n * k, h), dtype, gen)
+        index = torch.randperm(n * k, generator=gen).to(I32)
+        index[2] = -1
+        experts = torch.randint(0, e, (n, k), generator=gen, dtype=I32)
+        scales = random_values((n, k), torch.float32 if dtype == torch.bfloat16 else dtype, gen)
+        x1, x2 = random_values((n, h), dtype, gen), random_values((n, h), dtype, gen)
+        bias = random_values((e, h), dtype, gen)
+        yield (rows, index), dict(scales=scales, drop_pad_mode=2)
+        yield (rows[:9].contiguous(), index), dict(x1=x1, x2=x2, bias=bias, scales=scales, expert_idx=experts)
+        yield (rows.view(e - 1, 5, h), torch.where(index < 15, index, -1).to(I32)), dict(
+            x1=x1, scales=scales, drop_pad_mode=3, numerics="ascend_950")
+        yield (rows.view(e - 1, 5, h), index), dict(k=3, drop_pad_mode=1)
+        yield (rows, index), dict(x1=x1, bias=bias, scales=scales, expert_idx=experts, api="v1")
+        yield (rows, index), dict(expert_idx=experts, x=x1, alpha1=bias[:1], alpha2=bias[1:2], v=bias[2:3], k=3,
+                                  zero_expert_range=[0, 1], copy_expert_range=[1, 2], constant_expert_range=[3, 4])
+
+
+def grad_samples():
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        n, k, h, e = 4, 3, 70, 3
+        grad_y = random_values((n, h), dtype, gen)
+        index = torch.randperm(n * k, generator=gen).to(I32)
+        rows = random_values((n * k, h), dtype, gen)
+        scales = random_values((n, k), torch.float32 if dtype == torch.bfloat16 else dtype, gen)
+        experts = torch.randint(0, e, (n, k), generator=gen, dtype=I32)
+        bias = random_values((e, h), dtype, gen)
+        yield (grad_y, index), dict(expanded_x=rows, scales=scales)
+        yield (grad_y, index), dict(expanded_x=rows[:7].contiguous(), scales=scales, active_num=7,
+                                    numerics="ascend_950")
+        yield (grad_y, torch.where(index < 8, index, -1).to(I32)), dict(
+            expanded_x=rows[:8].view(2, 4, h), scales=scales, expert_idx=experts % 2, bias=bias[:2], drop_pad_mode=1,
+            expert_num=2, expert_capacity=4, compute_grad_bias=True)
+        yield (grad_y, index), dict(scales=scales, expert_idx=experts, bias=bias, compute_grad_scales=False,
+                                    compute_grad_bias=True)
+        yield (grad_y, index), {}
+
+
+def all_samples():
+    for args, kwargs in forward_samples():
+        yield ("moe_finalize_routing",) + positional(args, kwargs, FORWARD_ORDER, FORWARD_DEFAULTS)
+    for args, kwargs in grad_samples():
+        yield ("moe_finalize_routing_grad",) + positional(args, kwargs, GRAD_ORDER, GRAD_DEFAULTS)
+
+
+@pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
+def test_opcheck(name, args, kwargs):
+    torch.library.opcheck(getattr(ops, name).default, args, kwargs)
+
+
+@pytest.mark.parametrize("name, args, kwargs", list(all_samples()))
+def test_fake_shapes_equal_real_shapes(name, args, kwargs):
+    assert_fake_shapes_equal_real_shapes(name, args, kwargs)
+
+
+def test_opcheck_out_variants():
+    for args, kwargs in list(forward_samples())[:3]:
+        pargs, pkw = positional(args, kwargs, FORWARD_ORDER, FORWARD_DEFAULTS)
+        out = torch.empty_like(ops.moe_finalize_routing(*pargs, **pkw))
+        torch.library.opcheck(ops.moe_finalize_routing.out, pargs, dict(pkw, out=out))
+    for args, kwargs in list(grad_samples())[:3]:
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("compute_")}
+        pargs, pkw = positional(args, kwargs, GRAD_ORDER, GRAD_DEFAULTS)
+        gx, gs, gb = ops.moe_finalize_routing_grad(*pargs, **pkw, compute_grad_bias=True)
+        outs = dict(grad_expanded_x=torch.empty_like(gx))
+        if gs.numel():
+            outs["grad_scales"] = torch.empty_like(gs)
+        if gb.numel():
+            outs["grad_bias"] = torch.empty_like(gb)
+        torch.library.opcheck(ops.moe_finalize_routing_grad.out, pargs, dict(pkw, **outs))
+
+
+def test_fake_out_variants_check_shapes_like_the_kernels():
+    rows, index = torch.empty(6, 4, device="meta"), torch.empty(6, dtype=I32, device="meta")
+    moe_routing.moe_finalize_routing(rows, index, k=2, out=torch.empty(3, 4, device="meta"))
+    with pytest.raises(ValueError, match=r"moe_finalize_routing: out y must be a contiguous float32 tensor of "
+                                         r"shape \[3, 4\]"):
+        moe_routing.moe_finalize_routing(rows, index, k=2, out=torch.empty(3, 5, device="meta"))
+    g = torch.empty(3, 4, device="meta")
+    with pytest.raises(ValueError, match=r"moe_finalize_routing_grad: grad_scales needs scales and expanded_x, got "
+                                         r"no expanded_x"):
+        moe_routing.moe_finalize_routing_grad(g, index, None, torch.empty(3, 2, device="meta"),
+                                              out=(torch.empty(6, 4, device="meta"), torch.empty(3, 2, device="meta")))
+
+
+def combine_layer(rows, index, x1, scales, bias, experts, numerics):
+    out = moe_routing.moe_finalize_routing(rows * 2.0, index, x1, None, bias, scales, experts, drop_pad_mode=2,
+                                           numerics=numerics)
+    return out * 0.5
+
+
+def combine_inputs(seed, n=13, k=4, h=100, e=5):
+    gen = torch.Generator().manual_seed(seed)
+    return dict(rows=random_values((n * k, h), torch.bfloat16, gen).requires_grad_(),
+                index=torch.randperm(n * k, generator=gen).to(I32),
+                x1=random_values((n, h), torch.bfloat16, gen).requires_grad_(),
+                scales=random_values((n, k), torch.float32, gen).requires_grad_(),
+                bias=random_values((e, h), torch.bfloat16, gen).requires_grad_(),
+                experts=torch.randint(0, e, (n, k), generator=gen, dtype=I32))
+
+
+def run_and_grads(fn, inputs, numerics, grad_seed=3):
+    for t in inputs.values():
+        t.grad = None
+    out = fn(**inputs, numerics=numerics)
+    out.backward(random_values(out.shape, torch.bfloat16, torch.Generator().manual_seed(grad_seed)))
+    return [out.detach()] + [inputs[name].grad.clone() for name in ("rows", "x1", "scales", "bias")]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_combine_forward_and_backward_bitwise(backend):
+    # fullgraph=True: forward and AOT-traced backward without a graph break. Only exact scalings by
+    # powers of two around our operator, so every bit must survive code generation; the numerics
+    # reaches the traced backward (grad_scales' order differs between the two at H = 100).
+    grads = {}
+    for numerics in ("atlas_a2", "ascend_950"):
+        torch._dynamo.reset()
+        inputs = combine_inputs(11)
+        eager = run_and_grads(combine_layer, inputs, numerics)
+        compiled = run_and_grads(torch.compile(combine_layer, fullgraph=True, backend=backend), inputs, numerics)
+        for name, a, b in zip(["out", "rows", "x1", "scales", "bias"], eager, compiled):
+            assert torch.equal(a.float().view(torch.int32), b.float().view(torch.int32)), (numerics, name)
+        grads[numerics] = eager[3]
+    assert not torch.equal(grads["atlas_a2"], grads["ascend_950"])
+
+
+def test_compiled_column_layout_and_drop_pad_backward():
+    def layer(rows, index, scales, mode):
+        return moe_routing.moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=mode)
+
+    gen = torch.Generator().manual_seed(21)
+    for mode, shape in ((0, (12, 6)), (1, (3, 4, 6)), (3, (3, 4, 6))):
+        torch._dynamo.reset()
+        rows = random_values(shape, torch.float32, gen)
+        index = torch.randperm(12, generator=gen).to(I32)
+        scales = torch.rand(4, 3, generator=gen)
+        results = []
+        for fn in (layer, torch.compile(layer, fullgraph=True, backend="aot_eager")):
+            r, s = rows.clone().requires_grad_(), scales.clone().requires_grad_()
+            out = fn(r, index, s, mode)
+            out.backward(torch.ones_like(out))
+            results.append((out.detach(), r.grad, s.grad))
+        for a, b in zip(*results):
+            assert torch.equal(a, b), mode
+
+
+def test_compiled_with_dynamic_shapes():
+    torch._dynamo.reset()
+
+    def layer(rows, index, scales):
+        return moe_routing.moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2)
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n in (3, 5, 9):
+        gen = torch.Generator().manual_seed(n)
+        rows = torch.randn(2 * n, 8, generator=gen)
+        index = torch.randperm(2 * n, generator=gen).to(I32)
+        scales = torch.rand(n, 2, generator=gen)
+        got, want = [], []
+        for fn, store in ((compiled, got), (layer, want)):
+            r, s = rows.clone().requires_grad_(), scales.clone().requires_grad_()
+            out = fn(r, index, s)
+            out.sum().backward()
+            store.extend([out.detach(), r.grad, s.grad])
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), n
+    f = torch.compile(lambda g, i, x, s: moe_routing.moe_finalize_routing_grad(g, i, x, s), fullgraph=True,
+                      dynamic=True)
+    for n in (4, 7):
+        g, x, s = torch.randn(n, 3), torch.randn(2 * n, 3), torch.rand(n, 2)
+        i = torch.randperm(2 * n).to(I32)
+        assert all(torch.equal(a, b) for a, b in zip(f(g, i, x, s), moe_routing.moe_finalize_routing_grad(g, i, x, s)))
