@@ -28,11 +28,13 @@
 namespace moe_routing::cli {
 namespace {
 
+using cases::forward_expanded_row_idx;
 using cases::grad_problems;
 using cases::GradProblem;
 using cases::kModelShapes;
 using cases::ModelShape;
 using cases::random_expert_idx;
+using cases::routing_scenarios;
 
 /// The values of --shape: every shape of kModelShapes, or all of them.
 std::vector<std::string> shape_choices() {
