@@ -4,7 +4,8 @@
 // at model shapes in GB/s against a device-to-device cudaMemcpy measured in the same run.
 // Run by tools/gpu_check.sh (docs/cuda.md); needs no GoogleTest. The random cases, the sizes
 // they are drawn at, the model shapes and the benchmarks' routing are those of tools/cases/, which
-// the C++ tests (tests/cpp/test_cuda_gpu.cpp) and `moe-routing bench` use too.
+// the C++ tests (tests/cpp/test_cuda_gpu.cpp, test_cuda_finalize_gpu.cpp) and `moe-routing bench`
+// use too.
 //
 //   moe_routing_gpu_check [--checks-only | --bench-only] [--results FILE]
 //
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cases/finalize_cases.h"
 #include "cases/grad_cases.h"
 #include "cases/model_shapes.h"
 #include "cases/random.h"
@@ -87,6 +89,9 @@ class DeviceCopies {
       CHECK_CUDA(cudaMemcpy(host, device.data, bytes, cudaMemcpyDeviceToHost));
   }
   static void download(const TensorView& device, Tensor& host) {
+    download(device, host.bytes.data(), host.bytes.size());
+  }
+  static void download(const TensorView& device, FloatBuffer& host) {
     download(device, host.bytes.data(), host.bytes.size());
   }
 
@@ -276,167 +281,101 @@ void check_v2() {
 
 // ---- the combine --------------------------------------------------------------------------------
 
-/// Row indices of `pairs` pairs over `rows` rows: a permutation of [0, pairs) (dropless: values
-/// >= rows are pairs cut by active_num; drop-pad: they become -1), and some -1.
-std::vector<int32_t> combine_rows(std::mt19937_64& rng, int64_t pairs, int64_t rows,
-                                  bool drop_pad) {
-  std::vector<int32_t> idx(static_cast<size_t>(pairs));
-  std::iota(idx.begin(), idx.end(), 0);
-  std::shuffle(idx.begin(), idx.end(), rng);
-  for (int32_t& r : idx) {
-    if (drop_pad && r >= rows) r = -1;
-    if (rng() % 10 == 0) r = -1;
-  }
-  return idx;
-}
-
-Host int32_host(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
-  Host h(DType::int32, std::move(shape));
-  std::memcpy(h.bytes.data(), values.data(), values.size() * 4);
-  return h;
-}
-
-/// One forward call: its inputs (absent where not given) and attributes.
-struct FinalizeCall {
-  Host ex, idx, x1, x2, bias, scales, experts;
-  MoeFinalizeRoutingAttrs attrs;
-  int64_t n = 0, h = 0;
-
-  MoeFinalizeRoutingInputs views() {
-    MoeFinalizeRoutingInputs in;
-    in.expanded_x = ex.view();
-    in.expanded_row_idx = idx.view();
-    in.x1 = x1.view();
-    in.x2 = x2.view();
-    in.bias = bias.view();
-    in.scales = scales.view();
-    in.expert_idx = experts.view();
-    return in;
-  }
-  MoeFinalizeRoutingInputs upload(DeviceCopies& dev) {
-    MoeFinalizeRoutingInputs in;
-    in.expanded_x = dev.upload(ex);
-    in.expanded_row_idx = dev.upload(idx);
-    in.x1 = dev.upload(x1);
-    in.x2 = dev.upload(x2);
-    in.bias = dev.upload(bias);
-    in.scales = dev.upload(scales);
-    in.expert_idx = dev.upload(experts);
-    return in;
-  }
-};
-
-/// options: bit 0 x1, bit 1 x2 (with x1), bit 2 bias (with expert_idx); scales always.
-FinalizeCall finalize_call(std::mt19937_64& rng, DType dtype, bool f32_scales, int64_t mode,
-                           Numerics numerics, bool v1, int options, int64_t n, int64_t k,
-                           int64_t h) {
-  FinalizeCall c;
-  c.n = n, c.h = h;
-  if (v1) options = 7;
-  const bool drop_pad = mode == 1 || mode == 3;
-  const int64_t pairs = n * k, experts = uniform(rng, 1, 9);
-  int64_t rows = pairs;
-  if (drop_pad) {
-    const int64_t capacity = uniform(rng, 1, pairs / experts + 1);
-    rows = experts * capacity;
-    c.ex = Host(dtype, {experts, capacity, h});
-  } else {
-    if (rng() % 3 == 0) rows = uniform(rng, 0, pairs);  // rows cut by active_num
-    c.ex = Host(dtype, {rows, h});
-  }
-  fill_float(c.ex, rng());
-  c.idx = int32_host({pairs}, combine_rows(rng, pairs, rows, drop_pad));
-  c.scales = Host(f32_scales ? DType::float32 : dtype, {n, k});
-  fill_float(c.scales, rng());
-  if (options & 3) {
-    c.x1 = Host(dtype, {n, h});
-    fill_float(c.x1, rng());
-  }
-  if (options & 2) {
-    c.x2 = Host(dtype, {n, h});
-    fill_float(c.x2, rng());
-  }
-  if (options & 4) {
-    c.bias = Host(dtype, {experts, h});
-    fill_float(c.bias, rng());
-    std::vector<int32_t> ids(static_cast<size_t>(pairs));
-    for (int32_t& e : ids) e = int32_t(uniform(rng, 0, experts - 1));
-    c.experts = int32_host({n, k}, ids);
-  }
-  c.attrs.drop_pad_mode = mode;
-  c.attrs.numerics = numerics;
-  c.attrs.api = v1 ? FinalizeRoutingApi::v1 : FinalizeRoutingApi::v2;
-  return c;
-}
-
-/// The forward on the CPU backend, or on the GPU into a poisoned output.
-Host finalize_run(FinalizeCall& c, bool gpu, Status* status) {
-  Host out(c.ex.dtype, {c.n, c.h});
-  if (!gpu) {
-    ExecConfig cpu;
-    cpu.backend = Backend::cpu;
-    *status = moe_finalize_routing(c.views(), c.attrs, out.view(), cpu);
-    return out;
-  }
+/// cases::run_finalize on the GPU: inputs uploaded, the output poisoned on the device.
+FloatBuffer finalize_gpu(cases::FinalizeCase& c, Status* status) {
   DeviceCopies dev;
-  const TensorView o = dev.output(out);
-  *status = moe_finalize_routing(c.upload(dev), c.attrs, o);
+  FloatBuffer out(c.dtype, c.N * c.H);
+  const TensorView o = dev.output(TensorView(out.data(), c.dtype, {c.N, c.H}));
+  *status = moe_finalize_routing(
+      cases::map_tensors(c.inputs(), [&](const TensorView& t) { return dev.upload(t); }), c.attrs,
+      o);
   CHECK_CUDA(cudaDeviceSynchronize());
   DeviceCopies::download(o, out);
   return out;
 }
 
+/// cases::run_finalize_grad on the GPU: inputs uploaded, the outputs poisoned on the device.
+cases::GradResult finalize_grad_gpu(cases::FinalizeGradCase& c, Status* status) {
+  DeviceCopies dev;
+  cases::GradResult r = cases::poisoned_grad_result(c);
+  const MoeFinalizeRoutingGradOutputs o = cases::map_tensors(
+      cases::grad_outputs(c, r), [&](const TensorView& t) { return dev.output(t); });
+  *status = moe_finalize_routing_grad(
+      cases::map_tensors(c.inputs(), [&](const TensorView& t) { return dev.upload(t); }), c.attrs,
+      o);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  DeviceCopies::download(o.grad_expanded_x, r.grad_expanded_x);
+  DeviceCopies::download(o.grad_scales, r.grad_scales);
+  DeviceCopies::download(o.grad_bias, r.grad_bias);
+  return r;
+}
+
+/// The GPU's status must be ok and its outputs those of the CPU, which must succeed.
+template <class Result>
+std::string finalize_difference(const Status& cpu, const Result& expected, const Status& gpu,
+                                const Result& got) {
+  if (!cpu.is_ok()) return "the CPU failed: " + cpu.message();
+  if (!gpu.is_ok()) return gpu.message();
+  return cases::difference(expected, got);
+}
+
+std::string describe_shape(int64_t n, int64_t k, int64_t h) {
+  return "N=" + std::to_string(n) + " K=" + std::to_string(k) + " H=" + std::to_string(h);
+}
+
+/// The combine's case of a group in every variant 0..7 (cases::forward_variant_options: x1, x2,
+/// bias with the special experts; scales always); api v1 (mode 4 here) takes x1, bias, scales and
+/// expert_idx always, x2 in half the variants, and no special experts.
+cases::FinalizeCase finalize_case(cases::Random& rng, const cases::DtypeVariant& d, int64_t mode,
+                                  Numerics numerics, int options, int64_t n, int64_t k, int64_t h) {
+  cases::FinalizeOptions o = cases::forward_variant_options(options, d.mixed_scales);
+  if (mode != 4) return cases::make_finalize_case(rng, d.dtype, mode, numerics, o, n, k, h);
+  o.x1 = o.bias = true, o.special = false;
+  return cases::make_finalize_case(rng, d.dtype, 0, numerics, o, n, k, h, FinalizeRoutingApi::v1);
+}
+
 void check_finalize() {
-  std::mt19937_64 rng(5);
+  cases::Random rng(5);
   struct Shape {
     int64_t n, k, h;
   };
   const Shape shapes[] = {{1, 1, 1},    {7, 2, 8},   {33, 3, 24},   {5, 4, 64},
                           {9, 8, 7168}, {4, 40, 40}, {97, 2, 4096}, {64, 8, 257}};
-  const std::pair<DType, bool> dtypes[] = {{DType::float32, false},
-                                           {DType::float16, false},
-                                           {DType::bfloat16, false},
-                                           {DType::bfloat16, true}};
-  for (const auto& [dtype, f32_scales] : dtypes)
+  for (const cases::DtypeVariant& d : cases::kFinalizeDtypes)
     for (int64_t mode = 0; mode < 5; ++mode)  // 4: api v1
-      for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
-        bool ok = true;
-        std::string first;
+      for (Numerics numerics : cases::kFinalizeNumerics) {
+        Group group;
         for (int options = 0; options < 8; ++options)
           for (const Shape& s : shapes) {
-            FinalizeCall c = finalize_call(rng, dtype, f32_scales, mode % 4, numerics, mode == 4,
-                                           options, s.n, s.k, s.h);
-            Status cpu_status, gpu_status;
-            const Host expected = finalize_run(c, false, &cpu_status);
-            require(cpu_status, "CPU moe_finalize_routing");
-            const Host got = finalize_run(c, true, &gpu_status);
-            if (!gpu_status.is_ok() || !same(expected, got)) {
-              if (ok)
-                first = " (first: options " + std::to_string(options) +
-                        " N=" + std::to_string(s.n) + " K=" + std::to_string(s.k) +
-                        " H=" + std::to_string(s.h) +
-                        (gpu_status.is_ok() ? "" : ": " + gpu_status.message()) + ")";
-              ok = false;
-            }
+            cases::FinalizeCase c = finalize_case(rng, d, mode, numerics, options, s.n, s.k, s.h);
+            FloatBuffer expected;
+            const Status cpu_status = cases::run_finalize(c, kCpu, &expected);
+            Status gpu_status;
+            const FloatBuffer got = finalize_gpu(c, &gpu_status);
+            group.add("options " + std::to_string(options) + " " + describe_shape(s.n, s.k, s.h),
+                      finalize_difference(cpu_status, expected, gpu_status, got));
           }
-        const std::string name = std::string("moe_finalize_routing ") + dtype_name(dtype) +
-                                 (f32_scales ? "+f32 scales" : "") +
-                                 (mode == 4 ? " v1" : " mode " + std::to_string(mode)) + " " +
-                                 numerics_name(numerics);
-        report(ok, name + first);
-        std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
+        group.finish(std::string("moe_finalize_routing ") + dtype_name(d.dtype) +
+                     (d.mixed_scales ? "+f32 scales" : "") +
+                     (mode == 4 ? " v1" : " mode " + std::to_string(mode)) + " " +
+                     numerics_name(numerics));
       }
-  // A bad index and a bad expert id: the CPU's message, nothing written.
+  // A bad index and a bad expert id: the CPU's message, nothing written. Every pair names a row
+  // (no drops, no rows cut), so that every pair reads a bias row.
   for (int bad = 0; bad < 2; ++bad) {
-    FinalizeCall c =
-        finalize_call(rng, DType::float32, false, 2, Numerics::atlas_a2, false, 7, 3, 2, 8);
+    cases::FinalizeOptions o;
+    o.x1 = o.x2 = o.bias = o.scales = true;
+    o.drop_fraction = 0, o.cut_rows = false;
+    cases::FinalizeCase c =
+        cases::make_finalize_case(rng, DType::float32, 2, Numerics::atlas_a2, o, 3, 2, 8);
     if (bad == 0)
-      reinterpret_cast<int32_t*>(c.idx.bytes.data())[5] = 99;
+      c.idx[5] = 99;
     else
-      for (int64_t p = 0; p < 6; ++p) reinterpret_cast<int32_t*>(c.experts.bytes.data())[p] = 99;
-    Status cpu_status, gpu_status;
-    finalize_run(c, false, &cpu_status);
-    const Host got = finalize_run(c, true, &gpu_status);
+      for (int32_t& e : c.expert_idx) e = int32_t(c.E);
+    FloatBuffer cpu_out;
+    const Status cpu_status = cases::run_finalize(c, kCpu, &cpu_out);
+    Status gpu_status;
+    const FloatBuffer got = finalize_gpu(c, &gpu_status);
     bool untouched = true;
     for (uint8_t b : got.bytes) untouched = untouched && b == 0x5A;
     const bool ok = cpu_status.code() == StatusCode::index_out_of_range &&
@@ -449,91 +388,8 @@ void check_finalize() {
   }
 }
 
-/// One backward call; grad_scales with scales, grad_bias with bias.
-struct FinalizeGradCall {
-  Host gy, idx, ex, scales, experts, bias;
-  MoeFinalizeRoutingGradAttrs attrs;
-  std::vector<int64_t> rows_shape;
-  int64_t n = 0, k = 0, h = 0, e = 0;
-};
-
-FinalizeGradCall finalize_grad_call(std::mt19937_64& rng, DType dtype, bool f32_scales,
-                                    int64_t mode, Numerics numerics, int options, int64_t n,
-                                    int64_t k, int64_t h) {
-  FinalizeGradCall c;
-  c.n = n, c.k = k, c.h = h;
-  const int64_t pairs = n * k;
-  c.e = uniform(rng, 1, 9);
-  int64_t rows = pairs;
-  if (mode == 1) {
-    c.attrs.drop_pad_mode = 1;
-    c.attrs.expert_num = c.e;
-    c.attrs.expert_capacity = uniform(rng, 1, pairs / c.e + 1);
-    rows = c.e * c.attrs.expert_capacity;
-    c.rows_shape = {c.e, c.attrs.expert_capacity, h};
-  } else {
-    if (pairs > 1 && rng() % 3 == 0) {
-      c.attrs.active_num = uniform(rng, 1, pairs - 1);
-      rows = c.attrs.active_num;
-    }
-    c.rows_shape = {rows, h};
-  }
-  c.attrs.numerics = numerics;
-  c.gy = Host(dtype, {n, h});
-  fill_float(c.gy, rng());
-  c.idx = int32_host({pairs}, combine_rows(rng, pairs, rows, mode == 1));
-  c.ex = Host(dtype, c.rows_shape);
-  fill_float(c.ex, rng());
-  c.scales = Host(f32_scales ? DType::float32 : dtype, {n, k});
-  fill_float(c.scales, rng());
-  if (options & 1) {
-    c.bias = Host(dtype, {c.e, h});
-    fill_float(c.bias, rng());
-    std::vector<int32_t> ids(static_cast<size_t>(pairs));
-    for (int32_t& id : ids) id = int32_t(uniform(rng, 0, c.e - 1));
-    c.experts = int32_host({n, k}, ids);
-  }
-  return c;
-}
-
-/// The backward's three outputs on the CPU backend, or on the GPU into poisoned outputs.
-std::vector<Host> finalize_grad_run(FinalizeGradCall& c, bool gpu, Status* status) {
-  std::vector<Host> out = {Host(c.gy.dtype, c.rows_shape), Host(c.scales.dtype, {c.n, c.k}),
-                           c.bias.present ? Host(c.gy.dtype, {c.e, c.h}) : Host()};
-  if (!gpu) {
-    ExecConfig cpu;
-    cpu.backend = Backend::cpu;
-    MoeFinalizeRoutingGradInputs in;
-    in.grad_y = c.gy.view();
-    in.expanded_row_idx = c.idx.view();
-    in.expanded_x = c.ex.view();
-    in.scales = c.scales.view();
-    in.expert_idx = c.experts.view();
-    in.bias = c.bias.view();
-    *status =
-        moe_finalize_routing_grad(in, c.attrs, {out[0].view(), out[1].view(), out[2].view()}, cpu);
-    return out;
-  }
-  DeviceCopies dev;
-  MoeFinalizeRoutingGradInputs in;
-  in.grad_y = dev.upload(c.gy);
-  in.expanded_row_idx = dev.upload(c.idx);
-  in.expanded_x = dev.upload(c.ex);
-  in.scales = dev.upload(c.scales);
-  in.expert_idx = dev.upload(c.experts);
-  in.bias = dev.upload(c.bias);
-  const MoeFinalizeRoutingGradOutputs o = {dev.output(out[0]), dev.output(out[1]),
-                                           dev.output(out[2])};
-  *status = moe_finalize_routing_grad(in, c.attrs, o);
-  CHECK_CUDA(cudaDeviceSynchronize());
-  DeviceCopies::download(o.grad_expanded_x, out[0]);
-  DeviceCopies::download(o.grad_scales, out[1]);
-  DeviceCopies::download(o.grad_bias, out[2]);
-  return out;
-}
-
 void check_finalize_grad() {
-  std::mt19937_64 rng(7);
+  cases::Random rng(7);
   struct Shape {
     int64_t n, k, h;
   };
@@ -541,38 +397,27 @@ void check_finalize_grad() {
   // more than one atlas_a2 chunk (16352 float32 products without bias).
   const Shape shapes[] = {{1, 1, 1},   {7, 2, 8},     {33, 3, 64},  {5, 4, 65},  {9, 8, 7168},
                           {4, 40, 40}, {3, 2, 16400}, {64, 8, 257}, {2, 130, 24}};
-  const std::pair<DType, bool> dtypes[] = {{DType::float32, false},
-                                           {DType::float16, false},
-                                           {DType::bfloat16, false},
-                                           {DType::bfloat16, true}};
-  for (const auto& [dtype, f32_scales] : dtypes)
+  for (const cases::DtypeVariant& d : cases::kFinalizeDtypes)
     for (int64_t mode : {0, 1})
-      for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
-        bool ok = true;
-        std::string first;
-        for (int options = 0; options < 2; ++options)
+      for (Numerics numerics : cases::kFinalizeNumerics) {
+        Group group;
+        for (int bias = 0; bias < 2; ++bias)
           for (const Shape& s : shapes) {
-            FinalizeGradCall c =
-                finalize_grad_call(rng, dtype, f32_scales, mode, numerics, options, s.n, s.k, s.h);
-            Status cpu_status, gpu_status;
-            const std::vector<Host> expected = finalize_grad_run(c, false, &cpu_status);
-            require(cpu_status, "CPU moe_finalize_routing_grad");
-            const std::vector<Host> got = finalize_grad_run(c, true, &gpu_status);
-            bool equal = gpu_status.is_ok();
-            for (size_t i = 0; equal && i < got.size(); ++i) equal = same(expected[i], got[i]);
-            if (!equal) {
-              if (ok)
-                first = " (first: bias " + std::to_string(options) + " N=" + std::to_string(s.n) +
-                        " K=" + std::to_string(s.k) + " H=" + std::to_string(s.h) +
-                        (gpu_status.is_ok() ? "" : ": " + gpu_status.message()) + ")";
-              ok = false;
-            }
+            cases::GradOptions o;  // scales and expanded_x: grad_scales always
+            o.bias = o.grad_bias = bias == 1;
+            o.mixed_scales = d.mixed_scales, o.duplicates = true;
+            cases::FinalizeGradCase c =
+                cases::make_finalize_grad_case(rng, d.dtype, mode, numerics, o, s.n, s.k, s.h);
+            cases::GradResult expected;
+            const Status cpu_status = cases::run_finalize_grad(c, kCpu, &expected);
+            Status gpu_status;
+            const cases::GradResult got = finalize_grad_gpu(c, &gpu_status);
+            group.add("bias " + std::to_string(bias) + " " + describe_shape(s.n, s.k, s.h),
+                      finalize_difference(cpu_status, expected, gpu_status, got));
           }
-        const std::string name = std::string("moe_finalize_routing_grad ") + dtype_name(dtype) +
-                                 (f32_scales ? "+f32 scales" : "") + " mode " +
-                                 std::to_string(mode) + " " + numerics_name(numerics);
-        report(ok, name + first);
-        std::printf("%s %s\n", ok ? "PASS" : "----", name.c_str());
+        group.finish(std::string("moe_finalize_routing_grad ") + dtype_name(d.dtype) +
+                     (d.mixed_scales ? "+f32 scales" : "") + " mode " + std::to_string(mode) + " " +
+                     numerics_name(numerics));
       }
 }
 
@@ -694,57 +539,63 @@ void bench(const cases::ModelShape& m, int64_t tokens, DType dtype, double copy_
 
   // The combine of the forward's rows (drop_pad_mode 2: the row layout the forward returned),
   // float32 scales with bfloat16 data: read every expanded row once, the indices and scales,
-  // write out [N, H]. Then its backward (grad_expanded_x and grad_scales).
+  // write out [N, H]. Then its backward (grad_expanded_x and grad_scales), with the dispatch
+  // backward's grad_x as grad_y.
   const DType scales_dtype = dtype == DType::bfloat16 ? DType::float32 : dtype;
   const size_t sl = dtype_size(scales_dtype);
-  Host scales(scales_dtype, {N, K});
-  fill_float(scales, rng());
-  const TensorView dscales = dev.upload(scales);
-  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
+  Tensor scales(scales_dtype, {N, K});
+  cases::fill_random(scales.bytes.data(), scales_dtype, N * K, seed + 2);
+  const TensorView dscales = dev.upload(scales.view());
+  for (Numerics numerics : cases::kFinalizeNumerics) {
     const char* impl = numerics == Numerics::atlas_a2 ? "ours" : "ours-950";
     MoeFinalizeRoutingAttrs fa;
     fa.drop_pad_mode = 2;
     fa.numerics = numerics;
     MoeFinalizeRoutingInputs din, hin;
     din.expanded_x = ox, din.expanded_row_idx = orow, din.scales = dscales;
-    hin.expanded_x = cx.view(), hin.expanded_row_idx = cr.view(), hin.scales = scales.view();
-    Host out(dtype, {N, H});
-    const TensorView dout = dev.output(out);
+    hin.expanded_x = got.expanded_x.view(), hin.expanded_row_idx = got.expanded_row_idx.view();
+    hin.scales = scales.view();
+    Tensor out(dtype, {N, H});
+    const TensorView dout = dev.output(out.view());
     const double ms =
         time_ms([&] { require(moe_finalize_routing(din, fa, dout), "moe_finalize_routing"); });
     DeviceCopies::download(dout, out);
-    Host expected(dtype, {N, H});
-    require(moe_finalize_routing(hin, fa, expected.view(), cpu), "CPU moe_finalize_routing");
-    const bool ok = same(expected, out);
-    report(ok,
-           "benchmark combine " + name + " " + numerics_name(numerics) + " differs from the CPU");
+    Tensor expected(dtype, {N, H});
+    require(moe_finalize_routing(hin, fa, expected.view(), kCpu.config()),
+            "CPU moe_finalize_routing");
+    const std::string difference = cases::difference(expected, out);
+    report(difference.empty(), "benchmark combine " + name + " " + numerics_name(numerics) +
+                                   " differs from the CPU: " + difference);
     result_line("moe_finalize_routing", impl, name, dtype, ms,
                 double(P * H * el) + double(P) * double(4 + sl) + double(N * H * el), copy_gbps,
-                ok ? "yes" : "NO");
+                difference.empty() ? "yes" : "NO");
 
     MoeFinalizeRoutingGradAttrs ga;
     ga.numerics = numerics;
     MoeFinalizeRoutingGradInputs dgin, hgin;
-    dgin.grad_y = dev.upload(gx), dgin.expanded_row_idx = orow, dgin.expanded_x = ox;
-    dgin.scales = dscales;
-    hgin.grad_y = gx.view(), hgin.expanded_row_idx = cr.view(), hgin.expanded_x = cx.view();
-    hgin.scales = scales.view();
-    Host gex(dtype, {P, H}), gs(scales_dtype, {N, K});
-    const MoeFinalizeRoutingGradOutputs dgo = {dev.output(gex), dev.output(gs), TensorView()};
+    dgin.grad_y = ogx, dgin.expanded_row_idx = orow, dgin.expanded_x = ox, dgin.scales = dscales;
+    hgin.grad_y = gx.view(), hgin.expanded_row_idx = got.expanded_row_idx.view();
+    hgin.expanded_x = got.expanded_x.view(), hgin.scales = scales.view();
+    Tensor gex(dtype, {P, H}), gs(scales_dtype, {N, K});
+    const MoeFinalizeRoutingGradOutputs dgo = {dev.output(gex.view()), dev.output(gs.view()),
+                                               TensorView()};
     const double grad_ms = time_ms(
         [&] { require(moe_finalize_routing_grad(dgin, ga, dgo), "moe_finalize_routing_grad"); });
     DeviceCopies::download(dgo.grad_expanded_x, gex);
     DeviceCopies::download(dgo.grad_scales, gs);
-    Host egex(dtype, {P, H}), egs(scales_dtype, {N, K});
-    require(moe_finalize_routing_grad(hgin, ga, {egex.view(), egs.view(), TensorView()}, cpu),
-            "CPU moe_finalize_routing_grad");
-    const bool grad_ok = same(egex, gex) && same(egs, gs);
-    report(grad_ok, "benchmark combine backward " + name + " " + numerics_name(numerics) +
-                        " differs from the CPU");
+    Tensor egex(dtype, {P, H}), egs(scales_dtype, {N, K});
+    require(
+        moe_finalize_routing_grad(hgin, ga, {egex.view(), egs.view(), TensorView()}, kCpu.config()),
+        "CPU moe_finalize_routing_grad");
+    std::string grad_difference = cases::difference(egex, gex);
+    if (grad_difference.empty()) grad_difference = cases::difference(egs, gs);
+    report(grad_difference.empty(), "benchmark combine backward " + name + " " +
+                                        numerics_name(numerics) +
+                                        " differs from the CPU: " + grad_difference);
     result_line("moe_finalize_routing_grad", impl, name, dtype, grad_ms,
                 double(N * H * el) + double(P * H * el) + double(P) * double(4 + sl) +
                     double(P * H * el) + double(P) * double(sl),
-                copy_gbps, grad_ok ? "yes" : "NO");
+                copy_gbps, grad_difference.empty() ? "yes" : "NO");
   }
 }
 

@@ -238,7 +238,8 @@ inline std::vector<ErrorCase<FinalizeFixture>> finalize_error_cases() {
       {"out null", [](F f) { f.out_view.data = nullptr; }, kInvalid,
        "out data must not be null for a non-empty tensor, got null"},
       {"out overlaps x1", [](F f) { f.in.x1.data = f.out.data() + 8; }, kInvalid,
-       "out must not share memory with x1, got overlapping bytes"},
+       "out must not overlap x1 (an output may share no byte with an input or another output), "
+       "got 16 shared bytes"},
       {"index too large", [](F f) { f.idx[2] = 9; }, kIndex,
        "moe_finalize_routing: expanded_row_idx[2] = 9 is outside [0, 4) (-1 marks a dropped pair)"},
       {"index -2", [](F f) { f.idx[1] = -2; }, kIndex,
@@ -413,9 +414,11 @@ inline std::vector<ErrorCase<FinalizeGradFixture>> finalize_grad_error_cases() {
       {"grad_bias shape", [](F f) { f.out.grad_bias.shape[0] = 2; }, kInvalid,
        "grad_bias must be 2-D float32 [3, 3], got 2-D float32 [2, 3]"},
       {"outputs overlap", [](F f) { f.out.grad_scales.data = f.gex.data() + 4; }, kInvalid,
-       "grad_scales must not share memory with grad_expanded_x, got overlapping bytes"},
+       "grad_scales must not overlap grad_expanded_x (an output may share no byte with an input or "
+       "another output), got 16 shared bytes"},
       {"output overlaps an input", [](F f) { f.in.grad_y.data = f.gb.data(); }, kInvalid,
-       "grad_bias must not share memory with grad_y, got overlapping bytes"},
+       "grad_bias must not overlap grad_y (an output may share no byte with an input or another "
+       "output), got 24 shared bytes"},
       {"index too large", [](F f) { f.idx[2] = 9; }, kIndex,
        "moe_finalize_routing_grad: expanded_row_idx[2] = 9 is outside [0, 4) (-1 marks a dropped "
        "pair)"},

@@ -566,13 +566,14 @@ TEST(CApiFinalizeErrors, MrSetNumericsKeepsACombineExecutorOnFailure) {
   FinalizeGradFixture g;
   uint64_t ws = 0;
   mrExecutor* executor = grad_executor(g, &ws);
-  const auto numerics_of = [&] {
+  // The executor behind the handle (the registry's lock held only while reading).
+  const auto numerics = [&] {
     return c_api::find_executor(executor).executor->finalize_grad.attrs.numerics;
   };
   EXPECT_EQ(mrSetNumerics(executor, 2), MR_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(numerics_of(), Numerics::atlas_a2);
+  EXPECT_EQ(numerics(), Numerics::atlas_a2);
   EXPECT_EQ(mrSetNumerics(executor, MR_NUMERICS_ASCEND_950), MR_SUCCESS);
-  EXPECT_EQ(numerics_of(), Numerics::ascend_950);
+  EXPECT_EQ(numerics(), Numerics::ascend_950);
   EXPECT_EQ(mrDestroyExecutor(executor), MR_SUCCESS);
   EXPECT_EQ(c_api::live_executors(), 0);
 }

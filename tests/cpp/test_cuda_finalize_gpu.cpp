@@ -58,20 +58,13 @@ class OnDevice {
   std::vector<std::unique_ptr<cuda::DeviceBuffer>> buffers_;
 };
 
-MoeFinalizeRoutingInputs on_device(OnDevice& d, const MoeFinalizeRoutingInputs& in) {
-  MoeFinalizeRoutingInputs out;
-  out.expanded_x = d.copy(in.expanded_x), out.expanded_row_idx = d.copy(in.expanded_row_idx);
-  out.x1 = d.copy(in.x1), out.x2 = d.copy(in.x2), out.bias = d.copy(in.bias);
-  out.scales = d.copy(in.scales), out.expert_idx = d.copy(in.expert_idx), out.x = d.copy(in.x);
-  out.alpha1 = d.copy(in.alpha1), out.alpha2 = d.copy(in.alpha2), out.v = d.copy(in.v);
-  return out;
-}
-
 FloatBuffer run_forward_cuda(FinalizeCase& c, Status* status) {
   OnDevice d;
   FloatBuffer result(c.dtype, c.N * c.H);
   const TensorView out = d.poisoned(TensorView(result.data(), c.dtype, {c.N, c.H}));
-  *status = moe_finalize_routing(on_device(d, c.inputs()), c.attrs, out);
+  *status = moe_finalize_routing(
+      testing::map_tensors(c.inputs(), [&](const TensorView& t) { return d.copy(t); }), c.attrs,
+      out);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   OnDevice::fetch(out, &result);
   return result;
@@ -120,17 +113,11 @@ TEST(CudaFinalize, BadIndexGivesTheCpuMessageAndWritesNothing) {
 testing::GradResult run_grad_cuda(FinalizeGradCase& c, Status* status) {
   OnDevice d;
   testing::GradResult r = testing::poisoned_grad_result(c);
-  const MoeFinalizeRoutingGradInputs host = c.inputs();
-  MoeFinalizeRoutingGradInputs in;
-  in.grad_y = d.copy(host.grad_y), in.expanded_row_idx = d.copy(host.expanded_row_idx);
-  in.expanded_x = d.copy(host.expanded_x), in.scales = d.copy(host.scales);
-  in.expert_idx = d.copy(host.expert_idx), in.bias = d.copy(host.bias);
-  const MoeFinalizeRoutingGradOutputs host_out = testing::grad_outputs(c, r);
-  MoeFinalizeRoutingGradOutputs out;
-  out.grad_expanded_x = d.poisoned(host_out.grad_expanded_x);
-  out.grad_scales = d.poisoned(host_out.grad_scales);
-  out.grad_bias = d.poisoned(host_out.grad_bias);
-  *status = moe_finalize_routing_grad(in, c.attrs, out);
+  const MoeFinalizeRoutingGradOutputs out = testing::map_tensors(
+      testing::grad_outputs(c, r), [&](const TensorView& t) { return d.poisoned(t); });
+  *status = moe_finalize_routing_grad(
+      testing::map_tensors(c.inputs(), [&](const TensorView& t) { return d.copy(t); }), c.attrs,
+      out);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   OnDevice::fetch(out.grad_expanded_x, &r.grad_expanded_x);
   OnDevice::fetch(out.grad_scales, &r.grad_scales);

@@ -5,6 +5,7 @@
 #include "cuda/cuda_backend.h"
 #include "cuda/finalize_body.cuh"
 #include "finalize_cases.h"
+#include "ops/moe_finalize_routing_grad/meta.h"
 
 namespace moe_routing {
 namespace {

@@ -2,6 +2,7 @@
 // substring, on every runner, with every output poisoned and verified unchanged. The table is
 // finalize_error_cases.h.
 #include "finalize_error_cases.h"
+#include "ops/moe_finalize_routing_grad/meta.h"
 
 namespace moe_routing {
 namespace {

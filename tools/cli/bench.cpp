@@ -28,6 +28,7 @@
 namespace moe_routing::cli {
 namespace {
 
+using cases::forward_expanded_row_idx;
 using cases::grad_problems;
 using cases::GradProblem;
 using cases::kModelShapes;

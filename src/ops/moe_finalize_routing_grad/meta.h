@@ -6,8 +6,8 @@
 
 namespace moe_routing::detail {
 
-/// The CPU threads a call of `plan` runs on given `num_threads` (0: the library default): at
-/// most what its work can use. The C ABI's phase one starts them.
+/// The CPU threads a call of `plan` runs on given `num_threads` (0: the library default): what
+/// its work can use, no more. The C ABI's phase one starts them.
 int cpu_threads(const MoeFinalizeRoutingGradPlan& plan, int num_threads);
 
 /// Everything decided before any data is read: shape inference (infer_moe_finalize_routing_grad),
