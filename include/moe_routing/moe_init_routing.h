@@ -1,13 +1,14 @@
 // The forward MoE routing operators: sort the (token, expert) pairs by expert and copy the rows
 // of x into expanded_x, returning the map between the two (expanded_row_idx) and per-expert counts.
 //
-//   moe_init_routing_v2  CANN aclnnMoeInitRoutingV2 (spec §2): fp16/bf16/fp32, dropless / active
+//   moe_init_routing_v2  CANN aclnnMoeInitRoutingV2 (docs/spec/moe_init_routing.md §2):
+//   fp16/bf16/fp32, dropless / active
 //                        (active_num truncation) / drop-pad, int32 counts.
 //   moe_init_routing     the torch API cann_ops_transformer.moe_init_routing, i.e. CANN V4
-//                        (spec §3): adds active_expert_range, row_idx_type, int64 counts
-//                        (cumsum / count / key_value), topk_weight, and int8 quantisation
-//                        (quant_mode 0 static, 1 dynamic) in the arithmetic of either device
-//                        (Numerics).
+//                        (docs/spec/moe_init_routing.md §3): adds active_expert_range,
+//                        row_idx_type, int64 counts (cumsum / count / key_value), topk_weight, and
+//                        int8 quantisation (quant_mode 0 static, 1 dynamic) in the arithmetic of
+//                        either device (Numerics).
 //
 // Pairs are numbered by their flat position p = i*K + t in expert_idx [N, K] (row-major). Both
 // operators sort the routed pairs stably by (expert id, p): ties keep ascending flat position.
@@ -23,7 +24,7 @@
 //    is filled with zeros.
 //  * Every produced output is written completely: where CANN leaves rows or entries unspecified we
 //    write zeros (rows past the valid count, key-value rows past the last expert) or the golden
-//    order (the tail of row_idx_type=1), DECISIONS.md §11.
+//    order (the tail of row_idx_type=1), docs/decisions.md §11.
 //  * On any error nothing is written to any output. Errors read
 //    `<operator>: <argument> <constraint>, got <actual>`.
 //  * Results are bitwise identical for every backend and thread count.
@@ -132,8 +133,8 @@ struct ActiveExpertRange {
 
 struct MoeInitRoutingAttrs {
   /// Dropless only. -1 or 0: keep every routed pair; > 0: keep the first min(active_num, routed
-  /// pairs) sorted rows (DECISIONS.md §12). Other negative values are rejected. Ignored (apart from
-  /// that check) in drop_pad_mode 1, where expert_capacity limits the rows.
+  /// pairs) sorted rows (docs/decisions.md §12). Other negative values are rejected. Ignored (apart
+  /// from that check) in drop_pad_mode 1, where expert_capacity limits the rows.
   int64_t active_num = -1;
   /// C; drop_pad_mode 1 requires 1 <= C <= N (when N > 0) and E*C <= 2^31 - 1 (int32 slot
   /// numbers); ignored in drop_pad_mode 0.
@@ -217,7 +218,8 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
                               const TensorView& topk_weight, const MoeInitRoutingAttrs& attrs,
                               MoeInitRoutingPlan* plan);
 
-/// Computes the routing; outputs as documented on MoeInitRoutingPlan. Quantisation (spec §3.3):
+/// Computes the routing; outputs as documented on MoeInitRoutingPlan. Quantisation
+/// (docs/spec/moe_init_routing.md §3.3):
 ///   quant_mode 0, atlas_a2:   q = sat_int8(round_half_even(float(x) * scale + offset)) in fp32;
 ///   quant_mode 0, ascend_950: the same in fp16 (x, scale, offset narrowed to fp16, each op
 ///                             rounded to fp16);

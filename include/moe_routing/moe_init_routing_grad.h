@@ -92,7 +92,8 @@ Status moe_init_routing_grad(const TensorView& grad_expanded_x, const TensorView
                              const MoeInitRoutingGradAttrs& attrs, const TensorView& grad_x,
                              const ExecConfig& config = ExecConfig());
 
-/// The tree order's shape for a given K: B = 2^L bins, L tree levels (spec §1.6).
+/// The tree order's shape for a given K: B = 2^L bins, L tree levels (docs/spec/moe_init_routing.md
+/// §1.6).
 struct TreeShape {
   int64_t bins;
   int levels;

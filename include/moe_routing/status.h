@@ -1,7 +1,7 @@
 // Status and error vocabulary shared by every entry point.
 //
-// Messages read `<operator>: <argument> <constraint>, got <actual>`. Categories (DECISIONS.md §9):
-// invalid argument (the caller's mistake; index_out_of_range is the sub-case of a bad index
+// Messages read `<operator>: <argument> <constraint>, got <actual>`. Categories (docs/decisions.md
+// §9): invalid argument (the caller's mistake; index_out_of_range is the sub-case of a bad index
 // *value*), not supported (valid but not implemented), internal (our bug), runtime (allocation,
 // device). The C++ API returns Status and never throws; `throw_if_error` turns one into an Error.
 #pragma once

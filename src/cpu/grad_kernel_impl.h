@@ -1,7 +1,7 @@
 // The grad kernel, written once over a small register-level vector interface (Ops) and
 // instantiated per instruction set. Each output element's addends are summed in float32 in exactly
-// the order of the reference (spec §1.6 / §1.7); vectors run across columns only, so no addition
-// is ever reassociated, and scalar tails use the same float32 adds.
+// the order of the reference (docs/spec/moe_init_routing.md §1.6 / §1.7); vectors run across
+// columns only, so no addition is ever reassociated, and scalar tails use the same float32 adds.
 //
 // Two paths:
 //  * registers (K <= 32 sequential, or the tree order with at most 8 bins, i.e. K < 32): for each

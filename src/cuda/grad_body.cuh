@@ -9,7 +9,8 @@
 // any, so D * V vector loads are in flight per thread, then sums them in float32 and stores each
 // output vector once with one RNE narrowing.
 //
-// The order (spec §1.6 / §1.7) as a walk: every addend is consumed exactly once, bin by bin.
+// The order (docs/spec/moe_init_routing.md §1.6 / §1.7) as a walk: every addend is consumed exactly
+// once, bin by bin.
 //   tree:       bin b = (seed 2b, +0.0 if skipped) + even addends 2m (m = b + B, b + 2B, ...)
 //               + odd addends 2m+1 (m = b, b + B, ...); the bins are then summed pairwise. The
 //               pairwise tree over B = 2^L bins equals a binary-counter merge done as the bins

@@ -1,6 +1,7 @@
-// The int8 quantisation of the forward, element by element (spec §3.3). These scalar functions are
-// the definition shared by the reference and the CPU kernels; every step is one IEEE float32
-// operation (or an exact conversion), so the results do not depend on the compiler or the CPU.
+// The int8 quantisation of the forward, element by element (docs/spec/moe_init_routing.md §3.3).
+// These scalar functions are the definition shared by the reference and the CPU kernels; every step
+// is one IEEE float32 operation (or an exact conversion), so the results do not depend on the
+// compiler or the CPU.
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// The spec's worked examples of the backward (cann_moe_routing_spec.md §1.10, G1-G5): one table
+// The worked examples of the backward (docs/spec/moe_init_routing.md §1.10, G1-G5): one table
 // for the C++ API tests (test_grad_examples.cpp) and the CLI tests (test_cli_golden_grad.cpp).
 #pragma once
 

@@ -124,7 +124,7 @@ TEST(CudaHostLogic, GradKernelBodyMatchesTheReferenceForEveryInstantiation) {
 }
 
 TEST(CudaHostLogic, OrderWalkVisitsEveryAddendOnceInTheTreeOrder) {
-  // K = 5: ((a0 + a4) + a1) + (a2 + a3) (spec §1.6 table).
+  // K = 5: ((a0 + a4) + a1) + (a2 + a3) (docs/spec/moe_init_routing.md §1.6 table).
   cuda::OrderWalk walk(5, 2, false);
   std::vector<int32_t> ts, bins;
   std::vector<bool> seeds, ends;

@@ -1,4 +1,4 @@
-// The spec's worked examples of moe_finalize_routing and its grad
+// The worked examples of moe_finalize_routing and its grad
 // (docs/spec/moe_finalize_routing.md §5) and hand-computed cases of every rule the docs state
 // (docs/moe_finalize_routing.md): accumulation types, the first-term-assigned rule, the +0 steps,
 // V1's narrowing, the special experts, and the grad's sums over pairs, on every runner.

@@ -1,4 +1,4 @@
-// The spec's worked examples G1-G5 and the seed's example, bit for bit, in both orders, through
+// The worked examples G1-G5 and the seed's example, bit for bit, in both orders, through
 // every backend (reference, each CPU ISA, several thread counts).
 #include <cmath>
 

@@ -535,7 +535,7 @@ TEST(RoutingErrors, PresentOptionalInputWithNullDataIsRejected) {
 }
 
 TEST(RoutingErrors, OutOfRangeIdsAreNotRoutedInTheTorchApi) {
-  // No error for ids outside the range (DECISIONS §6): they get -1 and no row.
+  // No error for ids outside the range (docs/decisions.md §6): they get -1 and no row.
   testing::ForwardCase c;
   c.x = Tensor::floats(DType::float32, {3, 1}, {1, 2, 3});
   c.expert_idx = Tensor::int32s({3, 1}, {-1, 7, std::numeric_limits<int32_t>::min()});

@@ -582,7 +582,7 @@ TEST(RoutingRandom, NotProducedOutputsPassedWithDataAreZeroFilled) {
 }
 
 TEST(RoutingRandom, V2AcceptsIdsAboveExpertNumWhenItIsUnused) {
-  // Dropless without counts: ids need only be >= 0 (DECISIONS §6).
+  // Dropless without counts: ids need only be >= 0 (docs/decisions.md §6).
   V2Case c;
   c.x = Tensor::floats(DType::float32, {3, 1}, {1, 2, 3});
   c.expert_idx = Tensor::int32s({3, 1}, {1000000, 4, 0});

@@ -60,7 +60,9 @@ def finalize_reference(expanded_x, expanded_row_idx, x1=None, x2=None, bias=None
                        x=None, alpha1=None, alpha2=None, v=None, drop_pad_mode=0, zero_expert_range=None,
                        copy_expert_range=None, constant_expert_range=None, k=1, *, numerics="atlas_a2",
                        api="v2") -> torch.Tensor:
-    """out [N, H] of moe_finalize_routing (spec §3). Assumes valid inputs."""
+    """out [N, H] of moe_finalize_routing (docs/spec/moe_finalize_routing.md §3).
+
+    Assumes valid inputs."""
     with np.errstate(all="ignore"):  # overflow to inf and NaN are values under test, not mistakes
         return _finalize(expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, x, alpha1, alpha2, v,
                          drop_pad_mode, zero_expert_range, copy_expert_range, constant_expert_range, k, numerics,
@@ -139,7 +141,8 @@ def _padded_tree(values: np.ndarray, lanes: int) -> np.float32:
 
 
 def grad_scales_sum(products: np.ndarray, numerics: str, chunk: int) -> np.float32:
-    """Σ of one pair's float32 products in the order of the numerics (spec §4)."""
+    """Σ of one pair's float32 products in the order of the numerics
+    (docs/spec/moe_finalize_routing.md §4)."""
     h = products.size
     if numerics == "atlas_a2":
         total = np.float32(0)
@@ -163,7 +166,7 @@ def grad_scales_sum(products: np.ndarray, numerics: str, chunk: int) -> np.float
 
 
 def atlas_chunk(dtype: torch.dtype, has_bias: bool) -> int:
-    """Products per chunk of atlas_a2's grad_scales (spec §4)."""
+    """Products per chunk of atlas_a2's grad_scales (docs/spec/moe_finalize_routing.md §4)."""
     if dtype == torch.float32:
         return 12264 if has_bias else 16352
     return 14016 if has_bias else 19616
@@ -173,7 +176,7 @@ def finalize_grad_reference(grad_y, expanded_row_idx, expanded_x=None, scales=No
                             drop_pad_mode=0, active_num=0, expert_num=0, expert_capacity=0, *,
                             numerics="atlas_a2"):
     """(grad_expanded_x, grad_scales or None, grad_bias or None) of moe_finalize_routing_grad
-    (spec §4 and moe_routing's gradients). Row layout. Assumes valid inputs."""
+    (docs/spec/moe_finalize_routing.md §4 and moe_routing's gradients). Row layout. Assumes valid inputs."""
     with np.errstate(all="ignore"):
         return _grad(grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode, active_num,
                      expert_num, expert_capacity, numerics)

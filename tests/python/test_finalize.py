@@ -24,7 +24,7 @@ def idx(values):
     return torch.tensor(values, dtype=I32)
 
 
-# ---- the worked examples (spec §5) --------------------------------------------------------------
+# ---- the worked examples (docs/spec/moe_finalize_routing.md §5) ---------------------------------
 
 def test_spec_example_forward_mode_2():
     rows = torch.tensor([[1.0], [2.0], [3.0], [4.0]])

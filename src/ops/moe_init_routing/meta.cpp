@@ -1,7 +1,8 @@
-// Shape inference and every check of moe_init_routing_v2 (spec §2.3 as amended by DECISIONS.md
-// §6, §10, §11, §14) and moe_init_routing (spec §3.5, DECISIONS.md §6, §10-§12, §14), written
-// once: infer_* for the shapes, validate_* for a whole call. The CLI, the C ABI, the torch Meta
-// kernel and every backend call through here.
+// Shape inference and every check of moe_init_routing_v2 (docs/spec/moe_init_routing.md §2.3 as
+// amended by docs/decisions.md §6, §10, §11, §14) and moe_init_routing
+// (docs/spec/moe_init_routing.md §3.5, docs/decisions.md §6, §10-§12, §14), written once: infer_*
+// for the shapes, validate_* for a whole call. The CLI, the C ABI, the torch Meta kernel and every
+// backend call through here.
 #include "ops/moe_init_routing/meta.h"
 
 #include <algorithm>
@@ -163,7 +164,8 @@ Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_i
                             dtype_name(x.dtype));
   const int64_t N = x.shape[0], H = x.shape[1], K = expert_idx.shape[1];
   const int64_t pairs = N * K;
-  // CANN's infer-shape checks C <= N only for N > 0; an empty input stays valid (DECISIONS §10).
+  // CANN's infer-shape checks C <= N only for N > 0; an empty input stays valid (docs/decisions.md
+  // §10).
   if (drop_pad && N > 0 && attrs.expert_capacity > N)
     return invalid_argument(op, "expert_capacity must be <= x.size(0) (", N,
                             ") when drop_pad_mode=1, got ", attrs.expert_capacity);

@@ -1,6 +1,7 @@
-// Shape inference and every check of moe_init_routing_grad, written once (spec §1.3 as amended by
-// DECISIONS.md §5, §7, §10, §14): infer_* for the shapes, validate_* for a whole call. The CLI,
-// the C ABI, the torch Meta kernel and every backend call through here.
+// Shape inference and every check of moe_init_routing_grad, written once
+// (docs/spec/moe_init_routing.md §1.3 as amended by docs/decisions.md §5, §7, §10, §14): infer_*
+// for the shapes, validate_* for a whole call. The CLI, the C ABI, the torch Meta kernel and every
+// backend call through here.
 #include "ops/moe_init_routing_grad/meta.h"
 
 #include <cstring>
