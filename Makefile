@@ -99,6 +99,15 @@ test-python: python build
 test-packaging: python
 	$(VENV_PY) -m pytest -q -p no:cacheprovider tests/packaging
 
+# The supported torch range (pyproject.toml) checked release by release: moe_routing built against
+# each and the Python suites run with it (tools/check_torch_range.sh). Not part of `make test`:
+# each release is a CUDA build of torch from PyPI, about 5 GB installed; run it when the range
+# changes.
+TORCH_RELEASES ?= 2.12.1 2.13.0 2.14.1 2.15.0
+.PHONY: check-torch-range
+check-torch-range: deps
+	PYTHON=$(PYTHON) tools/check_torch_range.sh $(TORCH_RELEASES)
+
 test: format-check check-layers test-cpp test-asan test-tsan test-python test-packaging fuzz \
   test-cuda-build
 	@echo "== make test: every suite passed"
