@@ -6,10 +6,15 @@ import os
 
 import torch
 
+from . import _version_check
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _load() -> str:
+    # Before the library: a torch it cannot load into gets a message saying what to do, not an
+    # undefined-symbol error from the dynamic loader.
+    _version_check.check(torch.__version__)
     candidates = sorted(glob.glob(os.path.join(_HERE, "_moe_routing_ops*.so")))
     if not candidates:
         raise ImportError(
