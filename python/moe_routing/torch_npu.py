@@ -125,7 +125,8 @@ def npu_moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, *, scale:
     check_tensor(function, "expert_idx", expert_idx, (2,), (torch.int32,), " [N, K]")
     if isinstance(active_expert_range, int) and not isinstance(active_expert_range, bool):
         active_expert_range = [active_expert_range, active_expert_range]
-    expert_range = None if len(active_expert_range) == 0 else list(active_expert_range)
+    empty = active_expert_range is None or len(active_expert_range) == 0
+    expert_range = None if empty else list(active_expert_range)
     active_num = check_int(function, "active_num", active_num)
     # torch_npu keeps every pair for any active_num <= 0; moe_init_routing's "all" is -1 / 0.
     expanded_x, expanded_row_idx, counts, expanded_scale, _ = renamed_errors(

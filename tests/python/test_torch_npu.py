@@ -250,15 +250,19 @@ def test_init_routing_v2_is_differentiable():
 
 # ---- npu_moe_finalize_routing ----------------------------------------------------------------
 
-def test_finalize_routing_is_moe_finalize_routing_with_torch_npu_s_names():
-    gen = torch.Generator().manual_seed(8)
-    n, k, h, e = 5, 3, 4, 4
-    rows = random_values((n * k, h), torch.float16, gen)
+def finalize_case(seed, n, k, h, e, dtype):
+    """(rows [N*K, H], index (a permutation), skip1, skip2, bias, scales, expert ids)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = random_values((n * k, h), dtype, gen)
     index = torch.randperm(n * k, generator=gen).to(I32)
-    skip1, skip2 = random_values((n, h), torch.float16, gen), random_values((n, h), torch.float16, gen)
-    bias = random_values((e, h), torch.float16, gen)
-    scales = random_values((n, k), torch.float16, gen)
-    experts = torch.randint(0, e, (n, k), generator=gen, dtype=I32)
+    skip1, skip2 = random_values((n, h), dtype, gen), random_values((n, h), dtype, gen)
+    bias = random_values((e, h), dtype, gen)
+    scales = random_values((n, k), dtype, gen)
+    return rows, index, skip1, skip2, bias, scales, torch.randint(0, e, (n, k), generator=gen, dtype=I32)
+
+
+def test_finalize_routing_is_moe_finalize_routing_with_torch_npu_s_names():
+    rows, index, skip1, skip2, bias, scales, experts = finalize_case(8, 5, 3, 4, 4, torch.float16)
     for mode in (0, 2):
         want = moe_routing.moe_finalize_routing(rows, index, skip1, skip2, bias, scales, experts, drop_pad_mode=mode)
         positional = torch_npu.npu_moe_finalize_routing(rows, skip1, skip2, bias, scales, index, experts, mode)
@@ -273,14 +277,8 @@ def test_finalize_routing_is_moe_finalize_routing_with_torch_npu_s_names():
 
 def test_finalize_routing_formula_in_float32():
     # K = 2, float32: out = skip1 + skip2 + s0 * (row0 + b0) + s1 * (row1 + b1), added left to right.
-    gen = torch.Generator().manual_seed(9)
-    n, k, h, e = 4, 2, 5, 3
-    rows = random_values((n * k, h), torch.float32, gen)
-    index = torch.randperm(n * k, generator=gen).to(I32)
-    skip1, skip2 = random_values((n, h), torch.float32, gen), random_values((n, h), torch.float32, gen)
-    bias = random_values((e, h), torch.float32, gen)
-    scales = random_values((n, k), torch.float32, gen)
-    experts = torch.randint(0, e, (n, k), generator=gen, dtype=I32)
+    n, k = 4, 2
+    rows, index, skip1, skip2, bias, scales, experts = finalize_case(9, n, k, 5, 3, torch.float32)
     col = index.view(k, n)  # drop_pad_mode 0: pair (i, t) at t*N + i
     want = skip1 + skip2
     for t in range(k):
