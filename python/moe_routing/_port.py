@@ -164,6 +164,3 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
         out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
-
-__all__ = ["FLOAT_DTYPES", "INDEX_DTYPES", "INT32_MAX", "is_compiling", "renamed_errors", "check_tensor", "check_int",
-           "first_true", "position", "int32_index", "weighted_combine", "_check_numerics"]

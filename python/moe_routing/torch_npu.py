@@ -232,7 +232,7 @@ def npu_moe_token_permute(tokens: torch.Tensor, indices: torch.Tensor, num_out_t
     requested = 0 if num_out_tokens is None else check_int(function, "num_out_tokens", num_out_tokens,
                                                            minimum=-pairs)
     rows = min(requested, pairs) if requested > 0 else pairs + requested
-    keys = _permute_keys(function, indices.reshape(indices.shape[0], -1))
+    keys = _permute_keys(function, indices.view(indices.shape[0], 1) if indices.dim() == 1 else indices)
     # A2's MoeTokenPermuteGrad adds a token's slots one by one in float32 (the `sequential` order),
     # as the 950's forwarding to MoeInitRoutingV2Grad does: V2's backward under "ascend_950".
     return _sorted_rows(function, tokens, keys, rows, "ascend_950", {"x": "tokens", "expert_idx": "indices"})

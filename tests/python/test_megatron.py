@@ -361,6 +361,21 @@ def test_unpermute_is_deterministic_across_thread_counts():
             assert_bitwise_equal(a, b)
 
 
+@pytest.mark.parametrize("n,e,h,rows", [(0, 3, 4, 0), (3, 1, 0, 3), (3, 2, 4, 0)])
+@pytest.mark.parametrize("drop_and_pad", [False, True])
+def test_empty_inputs(n, e, h, rows, drop_and_pad):
+    tokens = torch.randn(n, h, requires_grad=True)
+    routing_map = torch.rand(n, e, generator=torch.Generator().manual_seed(n)) > 0.5
+    probs = torch.rand(n, e, requires_grad=True)
+    permuted, permuted_probs, sorted_indices, _, _ = permute(tokens, routing_map, probs, rows,
+                                                             drop_and_pad=drop_and_pad)
+    assert permuted.shape == (rows, h) and permuted_probs.shape == (rows,) and sorted_indices.shape == (rows,)
+    out = unpermute(permuted, sorted_indices, (n, h), probs, routing_map, drop_and_pad=drop_and_pad)
+    assert out.shape == (n, h) and not out.any()
+    (out.sum() + permuted_probs.sum()).backward()
+    assert tokens.grad.shape == (n, h) and probs.grad.shape == (n, e)
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 def test_errors_name_the_argument():

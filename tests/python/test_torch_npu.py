@@ -545,6 +545,24 @@ def test_token_unpermute_checks():
     assert f(permuted, idx, probs, restore_shape=[2, 3]).shape == (2, 3)  # ignored, as in torch_npu
 
 
+def test_empty_inputs():
+    """No tokens, or every row cut: empty outputs of the documented shapes, gradients of zeros."""
+    x, idx = torch.randn(0, 3, requires_grad=True), torch.zeros(0, 2, dtype=I32)
+    permuted, sorted_indices = torch_npu.npu_moe_token_permute(x, idx)
+    assert permuted.shape == (0, 3) and sorted_indices.shape == (0,)
+    assert torch_npu.npu_moe_token_unpermute(permuted, sorted_indices, torch.zeros(0, 2)).shape == (0, 3)
+    assert [t.shape for t in torch_npu.npu_moe_init_routing(x, idx, idx, 3)] == [(0, 3), (0,), (0,)]
+    x = torch.randn(3, 4, requires_grad=True)
+    probs = torch.rand(3, 2, requires_grad=True)
+    permuted, sorted_indices = torch_npu.npu_moe_token_permute(x, torch.zeros(3, 2, dtype=I32), -6)
+    out = torch_npu.npu_moe_token_unpermute(permuted * 2, sorted_indices, probs)
+    assert permuted.shape == (0, 4) and torch.equal(out, torch.zeros(3, 4))
+    out.sum().backward()
+    assert torch.equal(probs.grad, torch.zeros(3, 2)) and torch.equal(x.grad, torch.zeros(3, 4))
+    expanded_x, _, _ = torch_npu.npu_moe_init_routing(x, column_row_idx(3, 2), torch.zeros(3, 2, dtype=I32), 0)
+    assert expanded_x.shape == (0, 4)
+
+
 # ---- npu_moe_compute_expert_tokens -----------------------------------------------------------
 
 def test_compute_expert_tokens():
