@@ -15,7 +15,6 @@ from typing import Dict, Optional
 import torch
 
 from ._api import moe_finalize_routing
-from ._fake import _check_numerics
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)

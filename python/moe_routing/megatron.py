@@ -47,7 +47,8 @@ def _check_routing(function: str, routing_map: torch.Tensor, probs: Optional[tor
     check_tensor(function, "routing_map", routing_map, (2,), _MAP_DTYPES, " [num_tokens, num_experts]")
     n, e = routing_map.shape
     if tokens is not None and n != tokens:
-        raise ValueError(f"{function}: routing_map must have one row per token ({tokens}), got {list(routing_map.shape)}")
+        raise ValueError(f"{function}: routing_map must have one row per token ({tokens}), got "
+                         f"{list(routing_map.shape)}")
     if e < 1:
         raise ValueError(f"{function}: routing_map must have at least one expert column, got {list(routing_map.shape)}")
     if n * e > INT32_MAX:

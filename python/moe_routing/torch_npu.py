@@ -25,13 +25,12 @@ from typing import List, Optional, Sequence, Union
 import torch
 
 from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
-from ._port import (FLOAT_DTYPES, INDEX_DTYPES, _check_numerics, check_int, check_tensor, first_true, int32_index,
-                    is_compiling, position, renamed_errors, weighted_combine)
+from ._fake import _check_numerics
+from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, first_true, int32_index, is_compiling,
+                    position, renamed_errors, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_compute_expert_tokens"]
-
-_V2 = "moe_init_routing_v2"
 
 
 def _no_rows(x: torch.Tensor) -> torch.Tensor:

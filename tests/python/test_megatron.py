@@ -408,7 +408,8 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"unpermute: with drop_and_pad, permuted_tokens must have num_experts \* "
                                          r"capacity rows \(a multiple of 5\), got 18"):
         unpermute(permuted, sorted_indices, tokens.shape, probs, routing_map, drop_and_pad=True)
-    with pytest.raises(ValueError, match="unpermute: permuted_tokens must have at most num_tokens \\* num_experts = 45"):
+    with pytest.raises(ValueError, match=r"unpermute: permuted_tokens must have at most num_tokens \* num_experts "
+                                         r"= 45"):
         unpermute(torch.zeros(46, 6), torch.zeros(46, dtype=torch.long), tokens.shape, None, routing_map)
 
 

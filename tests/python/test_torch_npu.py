@@ -405,7 +405,8 @@ def test_token_permute_checks():
         f(tokens, indices, None, True)
     with pytest.raises(ValueError, match="npu_moe_token_permute: num_out_tokens must be >= -6, got -7"):
         f(tokens, indices, -7)
-    with pytest.raises(IndexError, match=r"npu_moe_token_permute: indices\[1\]\[0\] must be in \[0, 16777216\).*got -2"):
+    with pytest.raises(IndexError, match=r"npu_moe_token_permute: indices\[1\]\[0\] must be in \[0, 16777216\)"
+                                         r".*got -2"):
         f(tokens, torch.tensor([[0, 1], [-2, 1], [1, 0]]))
     with pytest.raises(IndexError, match=r"indices\[2\]\[1\] must be in .*got 16777216"):
         f(tokens, torch.tensor([[0, 1], [2, 1], [1, 1 << 24]], dtype=I32))
