@@ -415,8 +415,8 @@ def test_errors_name_the_argument():
 
 # ---- torch.compile ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("drop_and_pad,backend", [(False, "inductor"), (True, "aot_eager")])
-def test_compile_fullgraph_bit_for_bit(drop_and_pad, backend):
+@pytest.mark.parametrize("drop_and_pad,backend,dynamic", [(False, "inductor", None), (True, "aot_eager", True)])
+def test_compile_fullgraph_bit_for_bit(drop_and_pad, backend, dynamic):
     case = 4 if drop_and_pad else 0
     tokens, routing_map, probs, num_out_tokens, _ = make_case(case, torch.bfloat16, seed=8)
 
@@ -429,7 +429,7 @@ def test_compile_fullgraph_bit_for_bit(drop_and_pad, backend):
 
     weight = torch.rand(6, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
     results = []
-    for fn in (layer, torch.compile(layer, fullgraph=True, backend=backend)):
+    for fn in (layer, torch.compile(layer, fullgraph=True, backend=backend, dynamic=dynamic)):
         t, p = tokens.clone().requires_grad_(True), probs.clone().requires_grad_(True)
         out, permuted_probs = fn(t, p, weight)
         (out.float().sum() + permuted_probs.sum()).backward()

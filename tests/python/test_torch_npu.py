@@ -609,11 +609,12 @@ def test_compile_fullgraph_pipeline_bit_for_bit():
     probs[2, 1] = 0
     weight = torch.rand(6, generator=gen)
     # x and probs get gradients (weight's would be a reduction of PyTorch's, which inductor may reorder).
-    cases = [(v2_layer, (x, expert_idx, weight, probs), "inductor"), (v1_layer, (x, expert_idx, probs), "aot_eager"),
-             (permute_layer, (x, expert_idx, probs), "aot_eager")]
-    for layer, args, backend in cases:
+    cases = [(v2_layer, (x, expert_idx, weight, probs), "inductor", None),
+             (v1_layer, (x, expert_idx, probs), "aot_eager", None),
+             (permute_layer, (x, expert_idx, probs), "aot_eager", True)]  # dynamic shapes
+    for layer, args, backend, dynamic in cases:
         results = []
-        for fn in (layer, torch.compile(layer, fullgraph=True, backend=backend)):
+        for fn in (layer, torch.compile(layer, fullgraph=True, backend=backend, dynamic=dynamic)):
             leaves = [a.detach().clone().requires_grad_(a is x or a is probs) for a in args]
             out = fn(*leaves)
             out.backward(torch.ones_like(out))
