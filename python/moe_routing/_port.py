@@ -1,0 +1,165 @@
+"""Helpers shared by the ported APIs (moe_routing.torch_npu, moe_routing.megatron).
+
+Those modules express other libraries' functions through our operators. Everything they do
+outside the operators is exact integer or selection work (index transposes, inverses, masks,
+slices, widening casts); the floating-point arithmetic stays inside the operators, in their
+documented orders. Errors read `<function>: <argument> <constraint>, got <actual>` with the
+caller's function and argument names, also when an operator underneath finds the problem.
+"""
+from __future__ import annotations
+
+import operator
+import re
+from typing import Dict, Optional
+
+import torch
+
+from ._api import moe_finalize_routing
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+INT32_MAX = 2**31 - 1
+
+
+def is_compiling() -> bool:
+    """True while torch.compile traces: data checks (which read tensor values on the host) are left
+    out of the graph then, and the operators' own checks remain."""
+    return torch.compiler.is_compiling()
+
+
+def renamed_errors(function: str, call, names: Optional[Dict[str, str]] = None):
+    """Runs call(); an operator's ValueError / IndexError / NotImplementedError is raised again
+    with the operator's name replaced by `function` and its argument names by the caller's
+    (`names`: ours -> theirs), so the message names what the caller passed. Under torch.compile
+    the call runs as is (a re-raise cannot be traced; the operators' fake functions report with
+    their own names at trace time)."""
+    if is_compiling():
+        return call()
+    try:
+        return call()
+    except (ValueError, IndexError, NotImplementedError) as error:
+        message = re.sub(r"^[A-Za-z0-9_]+:", f"{function}:", str(error), count=1)
+        for ours, theirs in (names or {}).items():
+            message = re.sub(rf"\b{re.escape(ours)}\b", theirs, message)
+        raise type(error)(message) from error
+
+
+def check_tensor(function: str, name: str, tensor, dims, dtypes, shape_text: str = "") -> None:
+    """`tensor` is a torch.Tensor with one of `dims` dimensions and one of `dtypes`."""
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
+    if tensor.dim() not in dims:
+        wanted = " or ".join(f"{d}-D" for d in dims)
+        raise ValueError(f"{function}: {name} must be {wanted}{shape_text}, got {tensor.dim()}-D "
+                         f"{list(tensor.shape)}")
+    if tensor.dtype not in dtypes:
+        wanted = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise ValueError(f"{function}: {name} must be one of {wanted}, got {str(tensor.dtype).replace('torch.', '')}")
+
+
+def check_int(function: str, name: str, value, minimum: Optional[int] = None):
+    """An int (or SymInt, or a 0-dim integer tensor) >= minimum; floats and bools are refused
+    rather than truncated."""
+    if isinstance(value, bool):
+        raise ValueError(f"{function}: {name} must be an int, got {value!r}")
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a "
+                             f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
+        value = int(value)
+    elif not isinstance(value, torch.SymInt):
+        try:
+            value = operator.index(value)
+        except TypeError:
+            raise ValueError(f"{function}: {name} must be an int, got {value!r}") from None
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{function}: {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def first_true(mask: torch.Tensor) -> Optional[int]:
+    """The flat position of the first True in mask, or None (reads the data: eager only)."""
+    flat = mask.reshape(-1)
+    if not bool(flat.any()):
+        return None
+    return int(flat.nonzero()[0, 0])
+
+
+def position(shape, flat: int) -> str:
+    """`[i][j]` for a flat position in a tensor of `shape` (row-major)."""
+    indices = []
+    for extent in reversed(list(shape)):
+        indices.append(flat % extent if extent else 0)
+        flat //= extent if extent else 1
+    return "".join(f"[{i}]" for i in reversed(indices))
+
+
+def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: int, meaning: str) -> torch.Tensor:
+    """An index tensor (int32 or int64) as int32, every value in [low, high). In eager mode a value
+    outside is an IndexError naming its position; under torch.compile an int64 value outside the
+    int32 range becomes INT32_MIN instead of wrapping, so the operator that reads it rejects it
+    rather than reading a wrong row."""
+    if not is_compiling():
+        bad = first_true((index < low) | (index >= high))
+        if bad is not None:
+            value = int(index.reshape(-1)[bad])
+            raise IndexError(f"{function}: {name}{position(index.shape, bad)} must be in [{low}, {high}) "
+                             f"({meaning}), got {value}")
+    if index.dtype == torch.int32:
+        return index
+    return torch.where((index >= -INT32_MAX) & (index <= INT32_MAX), index, -INT32_MAX - 1).to(torch.int32)
+
+
+def _native_scales(rows_dtype: torch.dtype, scales_dtype: torch.dtype) -> bool:
+    """The (rows, scales) dtype pairs moe_finalize_routing takes as they are."""
+    return scales_dtype == rows_dtype or (rows_dtype == torch.bfloat16 and scales_dtype == torch.float32)
+
+
+class _SkipZeroScales(torch.autograd.Function):
+    """moe_finalize_routing (drop_pad_mode 2) in which a pair whose scale is exactly 0 adds nothing,
+    so an Inf/NaN row times 0 cannot poison its token (Atlas A2's MoeTokenUnpermute kernel). The
+    backward differentiates the ordinary sum: such a pair still gets its scale's gradient
+    (row . grad_y), as the kernel's MoeTokenUnpermuteGrad gives it."""
+
+    @staticmethod
+    def forward(ctx, rows, index, scales, numerics, grad_numerics):
+        skipped = torch.where(scales.reshape(-1) == 0, -1, index).to(torch.int32)
+        ctx.save_for_backward(rows, index, scales)
+        ctx.grad_numerics = grad_numerics
+        return torch.ops.moe_routing.moe_finalize_routing(
+            rows, skipped, None, None, None, scales, None, None, None, None, None, 2, None, None, None, 1,
+            numerics=numerics, api="v2")
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        rows, index, scales = ctx.saved_tensors
+        want_rows, _, want_scales = ctx.needs_input_grad[:3]
+        if rows.shape[0] == 0:  # no rows: nothing was read (the grad's active_num 0 would mean "all")
+            return rows.new_zeros(rows.shape), None, scales.new_zeros(scales.shape), None, None
+        grad_rows, grad_scales, _ = torch.ops.moe_routing.moe_finalize_routing_grad(
+            grad_y.contiguous(), index, rows, scales, None, None, 0, rows.shape[0], 0, 0,
+            numerics=ctx.grad_numerics, compute_grad_scales=want_scales, compute_grad_bias=False)
+        return (grad_rows if want_rows else None), None, (grad_scales if want_scales else None), None, None
+
+
+def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[torch.Tensor], k: int,
+                     numerics: str = "ascend_950", skip_zero_scales: bool = False,
+                     grad_numerics: Optional[str] = None) -> torch.Tensor:
+    """out[i] = sum_t scales[i, t] * rows[index[i*k + t]] (row layout; -1 and values in
+    [rows, N*k) skip their pair) through moe_finalize_routing, drop_pad_mode 2, differentiable.
+
+    With numerics "ascend_950" every dtype accumulates in float32: acc = +0, then acc + the float32
+    product for t = 0, 1, ... in order, one round-to-nearest-even narrowing to the dtype of rows.
+    Dtype pairs the operator does not take together (float16 rows with float32 scales, float32
+    rows with 16-bit scales, ...) are widened to float32 first - exact - and the result narrowed
+    once to the dtype of rows: the same bits as that arithmetic on the original tensors.
+    """
+    out_dtype = rows.dtype
+    if scales is not None and not _native_scales(rows.dtype, scales.dtype):
+        rows, scales = rows.float(), scales.float()
+    if skip_zero_scales and scales is not None:
+        out = _SkipZeroScales.apply(rows, index, scales, numerics, grad_numerics or numerics)
+    else:
+        out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)
+    return out if out.dtype == out_dtype else out.to(out_dtype)
+

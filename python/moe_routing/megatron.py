@@ -1,0 +1,239 @@
+"""Megatron-Core's MoE permute / unpermute, deterministic, with a float32 combine in a fixed order:
+
+    from moe_routing.megatron import permute, unpermute
+    permuted, permuted_probs, sorted_indices, _, _ = permute(
+        hidden, routing_map, probs=probs, num_out_tokens=n * topk)
+    out = unpermute(expert_out, sorted_indices, hidden.shape, probs=probs, routing_map=routing_map)
+
+A drop-in for `megatron.core.transformer.moe.moe_utils.permute` / `unpermute` (Megatron-Core main,
+v0.17 and later: the same parameters, defaults and five-tuple; v0.13 - v0.16 callers take the first
+three outputs). The results are those of Megatron's unfused path, except that unpermute always
+sums in float32 (below); `fused=True` is accepted and runs the same code (Transformer Engine's
+fused kernels return a different index layout, which only their own unpermute reads).
+
+Row order (Megatron's): the permuted rows are grouped by expert in increasing expert id, each
+expert's tokens in increasing token id; `sorted_indices[d]` is the token of row d (int64).
+
+The combine, `unpermute`: out[n] = +0, then for each expert e of token n in increasing e,
+acc = acc + float32(probs[n, e]) * float32(row) (each product rounded to float32; without probs
+the row alone), then one round-to-nearest-even narrowing to the dtype of permuted_tokens. Bitwise
+deterministic on every device and thread count. It is what Megatron's own unfused unpermute
+computes when probs are float32 (its index_add / scatter_add order aside), and exactly its
+batch-invariant unpermute on one expert-parallel rank; with bfloat16 probs or none, Megatron adds
+in bfloat16 instead. The backward of permute is this same sum (no probs) of the rows' gradients.
+
+How: the (token, expert) pairs of routing_map, N*E of them in row-major order, are sorted by a key
+that puts the routed pairs first, expert-major, then the others (moe_init_routing_v2); the
+combine is moe_finalize_routing over the same N*E pairs (K = E, unrouted pairs skipped) with
+the `ascend_950` numerics. docs/porting.md gives the details and differences.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ._api import moe_init_routing_v2
+from ._port import (FLOAT_DTYPES, INT32_MAX, check_int, check_tensor, first_true, is_compiling, renamed_errors,
+                    weighted_combine)
+
+__all__ = ["permute", "unpermute"]
+
+_MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def _check_routing(function: str, routing_map: torch.Tensor, probs: Optional[torch.Tensor],
+                   tokens: Optional[int]) -> None:
+    check_tensor(function, "routing_map", routing_map, (2,), _MAP_DTYPES, " [num_tokens, num_experts]")
+    n, e = routing_map.shape
+    if tokens is not None and n != tokens:
+        raise ValueError(f"{function}: routing_map must have one row per token ({tokens}), got "
+                         f"{list(routing_map.shape)}")
+    if e < 1:
+        raise ValueError(f"{function}: routing_map must have at least one expert column, got {list(routing_map.shape)}")
+    if n * e > INT32_MAX:
+        raise ValueError(f"{function}: routing_map must have at most {INT32_MAX} entries (the pairs are indexed in "
+                         f"int32), got {n} * {e} = {n * e}")
+    if probs is not None:
+        check_tensor(function, "probs", probs, (2,), FLOAT_DTYPES, " [num_tokens, num_experts]")
+        if probs.shape != routing_map.shape:
+            raise ValueError(f"{function}: probs must have routing_map's shape {list(routing_map.shape)}, got "
+                             f"{list(probs.shape)}")
+
+
+def _sort_keys(routing_map: torch.Tensor, num_out_tokens: int, drop_and_pad: bool) -> Tuple[torch.Tensor, int]:
+    """(keys int32 [N, E], rows): a stable sort of the N*E pairs (n, e), flat position n*E + e, by key
+    lists Megatron's permuted rows first, in its order; `rows` of them are kept.
+
+    Dropless (Megatron: a stable descending argsort of routing_map^T flattened): routed pairs,
+    key e, come first, expert-major and token-ascending; then the unrouted pairs, key E + e, in the
+    same order - the rows past the routed count when num_out_tokens exceeds it.
+    drop_and_pad (capacity C = num_out_tokens // E, per expert the first C tokens of a stable
+    descending argsort of its column): each expert's list is its routed tokens ascending, then its
+    unrouted tokens ascending; the first min(C, N) are kept - routed ones with key 2e, unrouted
+    (padding) ones with key 2e + 1 - and the rest get key 2E, after every kept pair.
+    """
+    n, e = routing_map.shape
+    routed = routing_map != 0
+    expert = torch.arange(e, dtype=torch.int32, device=routing_map.device).expand(n, e)
+    if not drop_and_pad:
+        return torch.where(routed, expert, expert + e), min(num_out_tokens, n * e)
+    capacity = num_out_tokens // e
+    routed_rank = routed.cumsum(0) - 1
+    other_rank = routed.sum(0) + (~routed).cumsum(0) - 1
+    kept = torch.where(routed, routed_rank, other_rank) < capacity
+    keys = torch.where(kept, 2 * expert + (~routed).to(torch.int32), 2 * e)
+    return keys.to(torch.int32), e * min(capacity, n)
+
+
+def _sorted_pairs(row_idx: torch.Tensor, rows: int) -> torch.Tensor:
+    """The flat pair n*E + e of each of the first `rows` sorted rows: the inverse of the sort's
+    pair -> row permutation (int64)."""
+    pairs = row_idx.numel()
+    inverse = torch.empty(pairs, dtype=torch.long, device=row_idx.device)
+    inverse.scatter_(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))
+    return inverse[:rows]
+
+
+def _sort(function: str, x: torch.Tensor, keys: torch.Tensor, rows: int):
+    """moe_init_routing_v2 on the pairs' keys, `rows` rows kept (rows 0: none; the sort still
+    runs, on a zero-width x). Its autograd backward adds each token's rows in float32 from +0 in
+    slot (= expert) order: the `sequential` order of numerics "ascend_950"."""
+    source = x if rows > 0 else x[:, :0]
+    expanded, row_idx, _, _ = renamed_errors(
+        function, lambda: moe_init_routing_v2(source, keys, rows, numerics="ascend_950"), {"x": "tokens"})
+    if rows == 0:
+        expanded = x.index_select(0, torch.empty(0, dtype=torch.long, device=x.device))
+    return expanded, row_idx
+
+
+def _inverse_map(routing_map: torch.Tensor, pairs: torch.Tensor, num_out_tokens: int) -> torch.Tensor:
+    """Megatron's batch-invariant inverse map [2, N, topk] (int64): for token n and slot s (its
+    routed experts numbered in increasing id), the permuted row holding it and the expert id,
+    -1 where none."""
+    n, e = routing_map.shape
+    topk = num_out_tokens // n
+    token, expert = pairs // e, pairs % e
+    slot = ((routing_map != 0).long().cumsum(1) - 1)[token, expert]
+    where = token * topk + slot
+    rows = torch.full((n * topk,), -1, dtype=torch.long, device=pairs.device)
+    experts = torch.full((n * topk,), -1, dtype=torch.long, device=pairs.device)
+    rows.scatter_(0, where, torch.arange(pairs.numel(), device=pairs.device))
+    experts.scatter_(0, where, expert)
+    return torch.stack((rows.view(n, topk), experts.view(n, topk)))
+
+
+def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,
+            num_out_tokens: Optional[int] = None, fused: bool = False, drop_and_pad: bool = False,
+            tokens_per_expert: Optional[torch.Tensor] = None, align_size: int = 0,
+            return_batch_invariant_inverse_map: bool = False):
+    """Megatron-Core's `moe_utils.permute`: group the tokens by expert.
+
+    Args:
+        tokens: [N, H] float32/float16/bfloat16.
+        routing_map: [N, E] bool (or an integer 0/1 map; nonzero = routed).
+        probs: optional [N, E] float32/float16/bfloat16, gathered along into permuted_probs.
+        num_out_tokens: rows to produce (required, as in Megatron): an int >= 0 or a 0-dim integer
+            tensor. Dropless: the first min(num_out_tokens, N*E) rows of Megatron's order (rows past
+            the routed pairs are unrouted (expert, token) pairs, expert-major); drop_and_pad:
+            capacity = num_out_tokens // E per expert.
+        fused: accepted, ignored (the unfused path's results; see the module docstring).
+        drop_and_pad: each expert gets exactly `capacity` rows: its routed tokens in increasing id,
+            padded with its unrouted tokens in increasing id.
+        tokens_per_expert: returned unchanged (Megatron's unfused path does the same).
+        align_size: accepted, ignored (only Transformer Engine's fused padding uses it).
+        return_batch_invariant_inverse_map: also return Megatron's batch-invariant inverse map
+            (dropless, num_out_tokens a multiple of N) in the fourth slot.
+
+    Returns:
+        (permuted_input [rows, H] tokens' dtype, permuted_probs [rows] probs' dtype or None,
+        sorted_indices int64 [rows] (the token of each row), the inverse map or None,
+        tokens_per_expert). Differentiable in tokens and probs; the tokens' gradient sums each
+        token's rows in float32 in increasing expert order (one narrowing).
+    """
+    function = "permute"
+    check_tensor(function, "tokens", tokens, (2,), FLOAT_DTYPES, " [num_tokens, hidden]")
+    _check_routing(function, routing_map, probs, tokens.shape[0])
+    if num_out_tokens is None:
+        raise ValueError(f"{function}: num_out_tokens must be given (Megatron-Core's argsort permute needs it; its "
+                         f"dispatchers pass num_tokens * topk or the routed count), got None")
+    count = check_int(function, "num_out_tokens", num_out_tokens, minimum=0)
+    if return_batch_invariant_inverse_map:
+        if drop_and_pad:
+            raise ValueError(f"{function}: return_batch_invariant_inverse_map needs dropless routing, got "
+                             f"drop_and_pad=True")
+        if count % tokens.shape[0] != 0:
+            raise ValueError(f"{function}: return_batch_invariant_inverse_map needs num_out_tokens a multiple of "
+                             f"num_tokens {tokens.shape[0]} (a fixed top-k), got {count}")
+    e = routing_map.shape[1]
+    keys, rows = _sort_keys(routing_map, count, drop_and_pad)
+    permuted_input, row_idx = _sort(function, tokens, keys, rows)
+    pairs = _sorted_pairs(row_idx, rows)
+    sorted_indices = pairs // e
+    # A gather of probs at the rows' pairs (each pair once, so its gradient is a plain scatter).
+    permuted_probs = None if probs is None else probs.reshape(-1).index_select(0, pairs)
+    inverse_map = _inverse_map(routing_map, pairs, count) if return_batch_invariant_inverse_map else None
+    return permuted_input, permuted_probs, sorted_indices, inverse_map, tokens_per_expert
+
+
+def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, restore_shape: Sequence[int],
+              probs: Optional[torch.Tensor] = None, routing_map: Optional[torch.Tensor] = None, fused: bool = False,
+              drop_and_pad: bool = False, pad_offsets: Optional[torch.Tensor] = None,
+              batch_invariant_inverse_map: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Megatron-Core's `moe_utils.unpermute`: out[n] = sum over token n's rows of prob * row.
+
+    Args:
+        permuted_tokens: [R, H] float32/float16/bfloat16, in permute's row order.
+        sorted_indices: int64 (or int32) [R], permute's output: the token of each row. Checked
+            against routing_map outside torch.compile (the rows' experts come from the map).
+        restore_shape: (N, H), the output's shape.
+        probs: optional [N, E] float32/float16/bfloat16 (the weight of row (n, e) is probs[n, e]).
+        routing_map: [N, E], the map permute got - required (Megatron needs it only with probs;
+            every Megatron dispatcher passes it).
+        fused: accepted, ignored. drop_and_pad: as permute's (R = E * capacity).
+        pad_offsets: must be None (only Transformer Engine's fused padding produces it).
+        batch_invariant_inverse_map: accepted, ignored: this sum is batch-invariant anyway.
+
+    Returns:
+        [N, H], permuted_tokens' dtype: the float32 sum in increasing expert order of the module
+        docstring. Differentiable in permuted_tokens and probs.
+    """
+    function = "unpermute"
+    check_tensor(function, "permuted_tokens", permuted_tokens, (2,), FLOAT_DTYPES, " [rows, hidden]")
+    check_tensor(function, "sorted_indices", sorted_indices, (1,), (torch.int64, torch.int32), " [rows]")
+    rows, hidden = permuted_tokens.shape
+    if sorted_indices.shape[0] != rows:
+        raise ValueError(f"{function}: sorted_indices must have one entry per row of permuted_tokens ({rows}), got "
+                         f"{sorted_indices.shape[0]}")
+    if routing_map is None:
+        raise ValueError(f"{function}: routing_map must be given (the rows' experts, which fix the order of the sum, "
+                         f"come from it; Megatron-Core's dispatchers always pass it), got None")
+    if pad_offsets is not None:
+        raise ValueError(f"{function}: pad_offsets must be None (only Transformer Engine's fused permute pads; "
+                         f"moe_routing's permute never does), got a tensor")
+    _check_routing(function, routing_map, probs, None)
+    n, e = routing_map.shape
+    shape = [check_int(function, "restore_shape", extent) for extent in restore_shape]
+    if shape != [n, hidden]:
+        raise ValueError(f"{function}: restore_shape must be [num_tokens, hidden] = {[n, hidden]}, got {shape}")
+    if drop_and_pad:
+        if rows % e != 0:
+            raise ValueError(f"{function}: with drop_and_pad, permuted_tokens must have num_experts * capacity rows "
+                             f"(a multiple of {e}), got {rows}")
+        keys, expected_rows = _sort_keys(routing_map, rows, True)
+    else:
+        keys, expected_rows = _sort_keys(routing_map, rows, False)
+    if expected_rows != rows:
+        raise ValueError(f"{function}: permuted_tokens must have at most num_tokens * num_experts = {n * e} rows "
+                         f"(permute's maximum), got {rows}")
+    # The pair -> row permutation of permute's sort (the sort alone, on a zero-width x).
+    _, row_idx, _, _ = moe_init_routing_v2(permuted_tokens.new_empty((n, 0)), keys)
+    if not is_compiling():
+        expected = _sorted_pairs(row_idx, rows) // e
+        bad = first_true(sorted_indices != expected)
+        if bad is not None:
+            raise ValueError(f"{function}: sorted_indices[{bad}] must be {int(expected[bad])} (the token of row "
+                             f"{bad} in permute's order for this routing_map), got {int(sorted_indices[bad])}")
+    # Pairs (n, e) at n*E + e, row layout with K = E; unrouted pairs' rows are >= R and skipped.
+    return renamed_errors(function, lambda: weighted_combine(permuted_tokens, row_idx, probs, e),
+                          {"expanded_x": "permuted_tokens", "scales": "probs"})
