@@ -1,0 +1,248 @@
+"""What the processes of tests/python/test_distributed*.py run (moe_routing.distributed.run_local
+spawns them and imports this module by name): expert-parallel dispatch -> experts -> combine on
+each rank, compared bit for bit with the single-device computation of the global batch, which
+every rank also computes (the global inputs come from one seed)."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+import moe_routing
+import moe_routing.distributed as ep
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def bitwise_equal(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
+    """Same shape, dtype and bits (NaN-safe: compares bit patterns)."""
+    if a is None or b is None:
+        return a is None and b is None
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    view = _INT_VIEW.get(a.dtype)
+    return torch.equal(a.view(view), b.view(view)) if view is not None else torch.equal(a, b)
+
+
+def case(name: str, tokens: List[int], *, dtype=torch.float32, capacity: Optional[int] = None, hidden: int = 16,
+         top_k: int = 2, experts: Optional[int] = None, scales: Optional[str] = "same", bias: bool = True,
+         x1: bool = True, x2: bool = False, numerics: str = "atlas_a2", unused_experts=(), seed: int = 0) -> dict:
+    """A scenario: `tokens` per rank (so the world size is len(tokens)); scales "same" (dtype of x),
+    "float32" (with bfloat16) or None; `unused_experts` receive no pair."""
+    world = len(tokens)
+    return dict(name=name, tokens=list(tokens), dtype=dtype, capacity=capacity, hidden=hidden, top_k=top_k,
+                experts=experts if experts is not None else 2 * world + 2 * (world == 1), scales=scales, bias=bias,
+                x1=x1, x2=x2, numerics=numerics, unused_experts=tuple(unused_experts), seed=seed)
+
+
+def global_inputs(spec: dict) -> Dict[str, torch.Tensor]:
+    """The global batch (tokens numbered rank-major) and the experts' parameters, from the seed."""
+    g = torch.Generator().manual_seed(spec["seed"])
+    n, h, k, e, dtype = sum(spec["tokens"]), spec["hidden"], spec["top_k"], spec["experts"], spec["dtype"]
+    allowed = [i for i in range(e) if i not in spec["unused_experts"]]
+    assert len(allowed) >= k
+    choice = torch.stack([torch.randperm(len(allowed), generator=g)[:k] for _ in range(n)]) if n else \
+        torch.empty(0, k, dtype=torch.int64)
+    inputs = {
+        "x": torch.randn(n, h, generator=g).to(dtype),
+        "expert_idx": torch.tensor(allowed, dtype=torch.int32)[choice].reshape(n, k),
+        "expert_scale": (torch.rand(e, h, generator=g) + 0.5).to(dtype),  # the experts: rows * a[e]
+        "grad_y": torch.randn(n, h, generator=g).to(dtype),
+    }
+    if spec["scales"] is not None:
+        scales_dtype = torch.float32 if spec["scales"] == "float32" else dtype
+        inputs["scales"] = torch.rand(n, k, generator=g).to(scales_dtype)
+    if spec["bias"]:
+        inputs["bias"] = (torch.randn(e, h, generator=g) * 0.1).to(dtype)
+    if spec["x1"]:
+        inputs["x1"] = torch.randn(n, h, generator=g).to(dtype)
+    if spec["x2"]:
+        inputs["x2"] = torch.randn(n, h, generator=g).to(dtype)
+    return inputs
+
+
+def run_experts(rows: torch.Tensor, expert_scale: torch.Tensor, counts: List[int]) -> torch.Tensor:
+    """Expert j scales its rows by expert_scale[j], one expert at a time (the same shapes, hence
+    the same bits, whatever the world size): rows [M, H] with counts[j] rows per expert, or
+    [E', C, H] (drop-pad: C rows per expert)."""
+    if rows.dim() == 3:
+        return torch.stack([rows[j] * expert_scale[j] for j in range(rows.shape[0])])
+    pieces, start = [], 0
+    for j, count in enumerate(counts):
+        pieces.append(rows[start:start + count] * expert_scale[j])
+        start += count
+    return torch.cat(pieces) if pieces else rows * 1
+
+
+_DIFFERENTIABLE = ("x", "scales", "x1", "x2", "bias", "expert_scale")
+
+
+def _leaves(inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    return {name: (t.clone().requires_grad_() if name in _DIFFERENTIABLE else t) for name, t in inputs.items()}
+
+
+def single_device(spec: dict, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The global batch on one device with the plain operators."""
+    t = _leaves(inputs)
+    e, capacity, numerics = spec["experts"], spec["capacity"], spec["numerics"]
+    if capacity is None:
+        expanded, row_idx, counts, _, _ = moe_routing.moe_init_routing(
+            t["x"], t["expert_idx"], expert_num=e, expert_tokens_num_type=1, expert_tokens_num_flag=True,
+            numerics=numerics)
+        per_expert = counts.tolist()
+        mode = 2
+    else:
+        expanded, row_idx, counts, _, _ = moe_routing.moe_init_routing(
+            t["x"], t["expert_idx"], expert_num=e, drop_pad_mode=1, expert_capacity=capacity,
+            expert_tokens_num_type=1, expert_tokens_num_flag=True, numerics=numerics)
+        per_expert = counts.clamp(max=capacity).tolist()
+        mode = 3
+    out = run_experts(expanded, t["expert_scale"], per_expert)
+    y = moe_routing.moe_finalize_routing(out, row_idx, x1=t.get("x1"), x2=t.get("x2"), bias=t.get("bias"),
+                                         scales=t.get("scales"), expert_idx=t["expert_idx"], drop_pad_mode=mode,
+                                         k=spec["top_k"], numerics=numerics)
+    result = {"recv_x": expanded.detach(), "tokens_per_expert": torch.tensor(per_expert), "y": y.detach()}
+    names = [name for name in _DIFFERENTIABLE if name in t]
+    grads = torch.autograd.grad(y, [t[name] for name in names], t["grad_y"])
+    result.update({"grad_" + name: grad for name, grad in zip(names, grads)})
+    return result
+
+
+def expert_parallel(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, world: int, group=None):
+    """This rank's part of the same computation with dispatch / combine."""
+    tokens = spec["tokens"]
+    lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
+    e = spec["experts"]
+    local = e // world
+    mine = {name: (t[lo:hi] if name not in ("bias", "expert_scale") else t) for name, t in inputs.items()}
+    mine["expert_scale"] = inputs["expert_scale"][rank * local:(rank + 1) * local]
+    t = _leaves(mine)
+    recv_x, per_expert, handle = ep.dispatch(t["x"], t["expert_idx"], e, group=group,
+                                             expert_capacity=spec["capacity"], numerics=spec["numerics"])
+    out = run_experts(recv_x, t["expert_scale"], per_expert.tolist())
+    y = ep.combine(out, handle, scales=t.get("scales"), x1=t.get("x1"), x2=t.get("x2"), bias=t.get("bias"),
+                   numerics=spec["numerics"])
+    result = {"recv_x": recv_x.detach(), "tokens_per_expert": per_expert, "y": y.detach()}
+    names = [name for name in _DIFFERENTIABLE if name in t]
+    grads = torch.autograd.grad(y, [t[name] for name in names], t["grad_y"])
+    result.update({"grad_" + name: grad for name, grad in zip(names, grads)})
+    return result
+
+
+def compare(spec: dict, rank: int, world: int, group=None) -> str:
+    """"ok", or what differs on this rank."""
+    inputs = global_inputs(spec)
+    want = single_device(spec, inputs)
+    got = expert_parallel(spec, inputs, rank, world, group)
+    tokens = spec["tokens"]
+    lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
+    local = spec["experts"] // world
+    first, last = rank * local, (rank + 1) * local
+    if spec["capacity"] is None:
+        counts = want["tokens_per_expert"]
+        start, stop = int(counts[:first].sum()), int(counts[:last].sum())
+        want["recv_x"] = want["recv_x"][start:stop]
+    else:
+        want["recv_x"] = want["recv_x"][first:last]
+    want["tokens_per_expert"] = want["tokens_per_expert"][first:last].to(torch.int64)
+    for name in ("y", "grad_x", "grad_scales", "grad_x1", "grad_x2"):
+        if name in want:
+            want[name] = want[name][lo:hi]
+    want["grad_expert_scale"] = want["grad_expert_scale"][first:last]
+    differing = [name for name in want if not bitwise_equal(got.get(name), want[name])]
+    return "ok" if not differing else f"differ on rank {rank}: {', '.join(differing)}"
+
+
+def run_cases(rank: int, world: int, specs: List[dict]) -> Dict[str, str]:
+    """Every scenario of `specs` (each with len(tokens) == world): name -> "ok" or the difference."""
+    results = {}
+    for spec in specs:
+        try:
+            results[spec["name"]] = compare(spec, rank, world)
+        except Exception as error:  # noqa: BLE001 - reported per scenario
+            results[spec["name"]] = f"{type(error).__name__}: {error}"
+    return results
+
+
+# ---- the same errors on every rank ------------------------------------------------------------------
+
+def _expect_error(fn) -> str:
+    try:
+        fn()
+    except ValueError as error:
+        return f"ValueError: {error}"
+    except Exception as error:  # noqa: BLE001
+        return f"unexpected {type(error).__name__}: {error}"
+    return "no error"
+
+
+def run_mismatches(rank: int, world: int) -> Dict[str, str]:
+    """Calls whose arguments differ between ranks (or are wrong on one rank): name -> the error
+    this rank raised. Every case makes exactly one exchange on every rank, so the next case starts
+    in step; the last one checks that the group still works."""
+    last = world - 1
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 8, generator=g)
+    e = 2 * world
+    idx = torch.randint(0, e, (5, 2), generator=g, dtype=torch.int32)
+    out: Dict[str, str] = {}
+    out["num_experts"] = _expect_error(lambda: ep.dispatch(x, idx % world, world if rank == 0 else e))
+    out["hidden"] = _expect_error(lambda: ep.dispatch(x if rank != last else torch.randn(5, 4), idx, e))
+    out["top_k"] = _expect_error(lambda: ep.dispatch(x, idx if rank != last else idx[:, :1].contiguous(), e))
+    out["dtype"] = _expect_error(lambda: ep.dispatch(x if rank != last else x.to(torch.bfloat16), idx, e))
+    out["capacity"] = _expect_error(lambda: ep.dispatch(x, idx, e, expert_capacity=None if rank else 2))
+    out["numerics"] = _expect_error(lambda: ep.dispatch(x, idx, e, numerics="atlas_a2" if rank else "ascend_950"))
+    bad = idx.clone()
+    bad[3, 1] = e
+    out["expert_id"] = _expect_error(lambda: ep.dispatch(x, bad if rank == last else idx, e))
+    out["x_dtype"] = _expect_error(lambda: ep.dispatch(x.double() if rank == last else x, idx, e))
+    out["divisible"] = _expect_error(lambda: ep.dispatch(x, idx % (world + 1), world + 1)) if world > 1 else \
+        "skipped"
+    out["requires_grad"] = _expect_error(lambda: ep.dispatch(x.clone().requires_grad_(rank == 0), idx, e))
+    recv_x, _, handle = ep.dispatch(x, idx, e)
+    out["expert_out_shape"] = _expect_error(
+        lambda: ep.combine(recv_x if rank != last else recv_x[1:], handle))
+    scales = torch.rand(5, 2, generator=g)
+    out["scales_presence"] = _expect_error(lambda: ep.combine(recv_x, handle, scales=scales if rank == 0 else None))
+    out["scales_shape"] = _expect_error(lambda: ep.combine(recv_x, handle, scales=scales if rank else scales[:, :1]))
+    # Rank 0 dispatches while the others combine: both exchanges are the same fixed message.
+    out["operation"] = _expect_error(lambda: ep.dispatch(x, idx, e) if rank == 0 else ep.combine(recv_x, handle))
+    y = ep.combine(recv_x, handle, scales=scales)
+    out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
+    return out
+
+
+def run_timeouts(rank: int, world: int, timeout_s: float) -> Dict[str, str]:
+    """Rank 1 does not take part: rank 0's dispatch (group a), then its combine (group b), must
+    raise a RuntimeError naming the operation and the rank within the groups' timeout."""
+    import datetime
+    span = datetime.timedelta(seconds=timeout_s)
+    group_a = dist.new_group(list(range(world)), timeout=span)
+    group_b = dist.new_group(list(range(world)), timeout=span)
+    x = torch.randn(4, 8)
+    idx = torch.zeros(4, 1, dtype=torch.int32)
+    out: Dict[str, str] = {}
+
+    def attempt(fn) -> str:
+        started = time.monotonic()
+        try:
+            fn()
+        except RuntimeError as error:
+            return f"RuntimeError after {time.monotonic() - started:.1f} s: {error}"
+        except Exception as error:  # noqa: BLE001
+            return f"unexpected {type(error).__name__}: {error}"
+        return "no error"
+
+    if rank == 0:
+        out["dispatch"] = attempt(lambda: ep.dispatch(x, idx, 2 * world, group=group_a))
+    else:
+        time.sleep(2.5 * timeout_s)
+    dist.barrier()  # on the default group, whose timeout is long: both ranks go on to group b
+    recv_x, _, handle = ep.dispatch(x, idx, 2 * world, group=group_b)
+    if rank == 0:
+        out["combine"] = attempt(lambda: ep.combine(recv_x, handle))
+    else:
+        time.sleep(2.5 * timeout_s)
+    return out
