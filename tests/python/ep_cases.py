@@ -246,3 +246,156 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> Dict[str, str]:
     else:
         time.sleep(2.5 * timeout_s)
     return out
+
+
+# ---- training the layer -------------------------------------------------------------------------------
+
+def train_layer(spec: dict, group=None, steps: int = 3) -> dict:
+    """SGD steps of ExpertParallelMoE on this rank's share of a global batch; the loss is the
+    global batch's (computed on the replicated output, identically on every rank). Returns per
+    step the loss, this rank's output rows and every parameter's gradient."""
+    world = 1 if group is None and not dist.is_initialized() else dist.get_world_size(group)
+    rank = 0 if world == 1 else dist.get_rank(group)
+    tokens = spec["tokens"] if world > 1 else [sum(spec["tokens"])]
+    lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
+    torch.manual_seed(0)
+    model = ep.ExpertParallelMoE(spec["hidden"], spec["ffn"], spec["experts"], spec["top_k"], group=group,
+                                 expert_capacity=spec["capacity"], dtype=spec["dtype"], numerics=spec["numerics"],
+                                 seed=spec["seed"])
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    n = sum(spec["tokens"])
+    inputs = torch.randn(n, spec["hidden"], generator=g).to(spec["dtype"])
+    target = torch.randn(n, spec["hidden"], generator=g)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    record: dict = {"loss": [], "y": [], "grads": []}
+    for _ in range(steps):
+        opt.zero_grad()
+        y = model(inputs[lo:hi])
+        y_all, _ = ep.replicate_rows(y, group=group)
+        loss = torch.nn.functional.mse_loss(y_all.float(), target)
+        loss.backward()
+        record["loss"].append(loss.detach().clone())
+        record["y"].append(y.detach().clone())
+        record["grads"].append({name: p.grad.clone() for name, p in model.named_parameters()})
+        opt.step()
+    return record
+
+
+def compare_training(rank: int, world: int, specs: List[dict]) -> Dict[str, str]:
+    """Each spec trained on `world` ranks and, in this same process, on a group of one (the
+    single-process layer on the global batch): losses, outputs and gradients bit for bit."""
+    alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group
+    results = {}
+    for spec in specs:
+        try:
+            got = train_layer(spec)
+            want = train_layer(spec, group=alone)
+            tokens = spec["tokens"]
+            lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
+            local = spec["experts"] // world
+            mine = slice(rank * local, (rank + 1) * local)
+            differing = []
+            for step in range(len(got["loss"])):
+                if not bitwise_equal(got["loss"][step], want["loss"][step]):
+                    differing.append(f"loss at step {step}")
+                if not bitwise_equal(got["y"][step], want["y"][step][lo:hi]):
+                    differing.append(f"output at step {step}")
+                for name, grad in got["grads"][step].items():
+                    reference = want["grads"][step][name]
+                    if name in ("w1", "w2"):
+                        reference = reference[mine]
+                    if not bitwise_equal(grad, reference):
+                        differing.append(f"grad of {name} at step {step}")
+            results[spec["name"]] = "ok" if not differing else f"differ on rank {rank}: {', '.join(differing)}"
+        except Exception as error:  # noqa: BLE001
+            results[spec["name"]] = f"{type(error).__name__}: {error}"
+    return results
+
+
+# ---- DDP for the router (the non-deterministic path) -------------------------------------------------
+
+def train_with_ddp(rank: int, world: int, spec: dict, steps: int = 2) -> Dict[str, str]:
+    """deterministic=False: the router runs on this rank's tokens and DDP (summing hook) completes
+    its gradient. Compared with the single-process layer to rounding (not bit for bit: the
+    router's gradient is a sum of per-rank parts), and the router's gradient identical on every
+    rank."""
+    from torch.nn.parallel import DistributedDataParallel
+    alone = [dist.new_group([r]) for r in range(world)][rank]
+    tokens = spec["tokens"]
+    lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
+    n = sum(tokens)
+    models = {}
+    for name, group in (("ep", None), ("single", alone)):
+        models[name] = ep.ExpertParallelMoE(spec["hidden"], spec["ffn"], spec["experts"], spec["top_k"],
+                                            group=group, deterministic=name == "single", seed=spec["seed"])
+    layer = models["ep"]
+    layer.router = DistributedDataParallel(layer.router)
+    layer.router.register_comm_hook(None, ep.allreduce_sum_hook)
+    g = torch.Generator().manual_seed(spec["seed"] + 1)
+    inputs = torch.randn(n, spec["hidden"], generator=g)
+    target = torch.randn(n, spec["hidden"], generator=g)
+    out: Dict[str, str] = {}
+    for step in range(steps):
+        grads = {}
+        for name, model in models.items():
+            model.zero_grad()
+            if name == "ep":  # this rank's part of the global mean: sum / (N * H)
+                y = model(inputs[lo:hi])
+                loss = ((y - target[lo:hi]) ** 2).sum() / target.numel()
+            else:
+                y = model(inputs)
+                loss = torch.nn.functional.mse_loss(y, target)
+            loss.backward()
+            grads[name] = {key.replace("module.", ""): p.grad.clone() for key, p in model.named_parameters()}
+        local = spec["experts"] // world
+        mine = slice(rank * local, (rank + 1) * local)
+        for key, grad in grads["ep"].items():
+            want = grads["single"][key][mine] if key in ("w1", "w2") else grads["single"][key]
+            if not torch.allclose(grad, want, rtol=1e-4, atol=1e-6):
+                out[f"{key} step {step}"] = f"differs by {(grad - want).abs().max().item():.3g}"
+        router = grads["ep"]["router.weight"]
+        everyone = [torch.empty_like(router) for _ in range(world)]
+        dist.all_gather(everyone, router)
+        if not all(torch.equal(everyone[0], other) for other in everyone):
+            out[f"router step {step}"] = "not the same on every rank"
+        for model in models.values():
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.5 * p.grad
+    return {"ddp": "ok" if not out else "; ".join(f"{k}: {v}" for k, v in out.items())}
+
+
+def check_all_to_all(rank: int, world: int) -> str:
+    """ep.all_to_all moves rows (any dtype, bit for bit) and sends gradients back the same way."""
+    splits_out = [(rank + s) % 3 for s in range(world)]  # rows rank s sends me
+    splits_in = [(d + rank) % 3 for d in range(world)]  # rows I send rank d
+    rows = (torch.arange(sum(splits_in) * 3, dtype=torch.float32).view(-1, 3) + 100 * rank).to(torch.bfloat16)
+    rows.requires_grad_()
+    got = ep.all_to_all(rows, splits_out, splits_in)
+    expected = []
+    for s in range(world):
+        start = sum((d + s) % 3 for d in range(rank))
+        block = torch.arange(sum((d + s) % 3 for d in range(world)) * 3, dtype=torch.float32).view(-1, 3) + 100 * s
+        expected.append(block[start:start + splits_out[s]])
+    if not bitwise_equal(got.detach(), torch.cat(expected).to(torch.bfloat16)):
+        return "forward rows differ"
+    (grad,) = torch.autograd.grad(got, rows, got.detach() * 2)
+    return "ok" if bitwise_equal(grad, rows.detach() * 2) else "gradient differs"
+
+
+def run_world(rank: int, world: int, plan: dict) -> dict:
+    """One process of a test launch: every part of `plan` in order (keys: bitwise, training,
+    mismatches, timeouts, ddp); returns {part: {name: result}}."""
+    results: dict = {}
+    if "bitwise" in plan:
+        results["bitwise"] = run_cases(rank, world, plan["bitwise"])
+        results["bitwise"]["all_to_all"] = check_all_to_all(rank, world)
+    if "training" in plan:
+        results["training"] = compare_training(rank, world, plan["training"])
+    if plan.get("mismatches"):
+        results["mismatches"] = run_mismatches(rank, world)
+    if "ddp" in plan:
+        results["ddp"] = train_with_ddp(rank, world, plan["ddp"])
+    if "timeouts" in plan:  # last: its groups are left broken
+        results["timeouts"] = run_timeouts(rank, world, plan["timeouts"])
+    return results

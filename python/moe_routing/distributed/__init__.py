@@ -6,12 +6,15 @@
     y = ep.combine(expert_out, handle, scales=topk_weight, x1=shared_out)       # back and combined
 
 Forward and every gradient equal, bit for bit, the single-device computation of the global batch
-(docs/decisions.md §17).
+(docs/decisions.md §17). ExpertParallelMoE is a whole layer on them.
 """
 from __future__ import annotations
 
 from ._comm import all_to_all
 from ._ep import DispatchHandle, combine, dispatch
 from ._launch import run_local
+from ._module import ExpertParallelMoE, Router
+from ._replicate import RowLayout, allreduce_sum_hook, local_rows, replicate_rows
 
-__all__ = ["dispatch", "combine", "DispatchHandle", "all_to_all", "run_local"]
+__all__ = ["dispatch", "combine", "DispatchHandle", "all_to_all", "replicate_rows", "local_rows", "RowLayout",
+           "allreduce_sum_hook", "ExpertParallelMoE", "Router", "run_local"]
