@@ -4,6 +4,8 @@ each rank, compared bit for bit with the single-device computation of the global
 every rank also computes (the global inputs come from one seed)."""
 from __future__ import annotations
 
+import os
+import sys
 import time
 from typing import Dict, List, Optional
 
@@ -13,17 +15,10 @@ import torch.distributed as dist
 import moe_routing
 import moe_routing.distributed as ep
 
-_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
+import ep_moe  # noqa: E402
 
-
-def bitwise_equal(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
-    """Same shape, dtype and bits (NaN-safe: compares bit patterns)."""
-    if a is None or b is None:
-        return a is None and b is None
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    view = _INT_VIEW.get(a.dtype)
-    return torch.equal(a.view(view), b.view(view)) if view is not None else torch.equal(a, b)
+bitwise_equal = ep_moe.bitwise_equal
 
 
 def case(name: str, tokens: List[int], *, dtype=torch.float32, capacity: Optional[int] = None, hidden: int = 16,
@@ -151,7 +146,7 @@ def compare(spec: dict, rank: int, world: int, group=None) -> str:
         if name in want:
             want[name] = want[name][lo:hi]
     want["grad_expert_scale"] = want["grad_expert_scale"][first:last]
-    differing = [name for name in want if not bitwise_equal(got.get(name), want[name])]
+    differing = [name for name in want if name not in got or not bitwise_equal(got[name], want[name])]
     return "ok" if not differing else f"differ on rank {rank}: {', '.join(differing)}"
 
 
@@ -248,67 +243,19 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> Dict[str, str]:
     return out
 
 
-# ---- training the layer -------------------------------------------------------------------------------
+# ---- training the layer (examples/python/ep_moe.py) -----------------------------------------------------
 
-def train_layer(spec: dict, group=None, steps: int = 3) -> dict:
-    """SGD steps of ExpertParallelMoE on this rank's share of a global batch; the loss is the
-    global batch's (computed on the replicated output, identically on every rank). Returns per
-    step the loss, this rank's output rows and every parameter's gradient."""
-    world = 1 if group is None and not dist.is_initialized() else dist.get_world_size(group)
-    rank = 0 if world == 1 else dist.get_rank(group)
-    tokens = spec["tokens"] if world > 1 else [sum(spec["tokens"])]
-    lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
-    torch.manual_seed(0)
-    model = ep.ExpertParallelMoE(spec["hidden"], spec["ffn"], spec["experts"], spec["top_k"], group=group,
-                                 expert_capacity=spec["capacity"], dtype=spec["dtype"], numerics=spec["numerics"],
-                                 seed=spec["seed"])
-    g = torch.Generator().manual_seed(spec["seed"] + 1)
-    n = sum(spec["tokens"])
-    inputs = torch.randn(n, spec["hidden"], generator=g).to(spec["dtype"])
-    target = torch.randn(n, spec["hidden"], generator=g)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    record: dict = {"loss": [], "y": [], "grads": []}
-    for _ in range(steps):
-        opt.zero_grad()
-        y = model(inputs[lo:hi])
-        y_all, _ = ep.replicate_rows(y, group=group)
-        loss = torch.nn.functional.mse_loss(y_all.float(), target)
-        loss.backward()
-        record["loss"].append(loss.detach().clone())
-        record["y"].append(y.detach().clone())
-        record["grads"].append({name: p.grad.clone() for name, p in model.named_parameters()})
-        opt.step()
-    return record
-
-
-def compare_training(rank: int, world: int, specs: List[dict]) -> Dict[str, str]:
-    """Each spec trained on `world` ranks and, in this same process, on a group of one (the
-    single-process layer on the global batch): losses, outputs and gradients bit for bit."""
+def compare_training(rank: int, world: int, configs: List[dict]) -> Dict[str, str]:
+    """Each ep_moe config trained on `world` ranks and, in this same process, on a group of one
+    (the single-process layer on the global batch): losses, outputs and gradients bit for bit."""
     alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group
     results = {}
-    for spec in specs:
+    for cfg in configs:
         try:
-            got = train_layer(spec)
-            want = train_layer(spec, group=alone)
-            tokens = spec["tokens"]
-            lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
-            local = spec["experts"] // world
-            mine = slice(rank * local, (rank + 1) * local)
-            differing = []
-            for step in range(len(got["loss"])):
-                if not bitwise_equal(got["loss"][step], want["loss"][step]):
-                    differing.append(f"loss at step {step}")
-                if not bitwise_equal(got["y"][step], want["y"][step][lo:hi]):
-                    differing.append(f"output at step {step}")
-                for name, grad in got["grads"][step].items():
-                    reference = want["grads"][step][name]
-                    if name in ("w1", "w2"):
-                        reference = reference[mine]
-                    if not bitwise_equal(grad, reference):
-                        differing.append(f"grad of {name} at step {step}")
-            results[spec["name"]] = "ok" if not differing else f"differ on rank {rank}: {', '.join(differing)}"
+            found = ep_moe.differences(cfg, ep_moe.train(cfg), ep_moe.train(cfg, group=alone), rank, world)
+            results[cfg["name"]] = "ok" if not found else "differ: " + ", ".join(found)
         except Exception as error:  # noqa: BLE001
-            results[spec["name"]] = f"{type(error).__name__}: {error}"
+            results[cfg["name"]] = f"{type(error).__name__}: {error}"
     return results
 
 

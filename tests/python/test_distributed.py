@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import ep_cases
+from ep_cases import ep_moe
 import moe_routing.distributed as ep
 from ep_cases import case
 
@@ -50,19 +51,19 @@ def _bitwise_specs(world: int):
     return specs
 
 
-def _training_specs(world: int):
-    specs = []
+def _training_configs(world: int):
+    configs = []
     for name, dtype, capacity in (("float32", torch.float32, None), ("bfloat16", torch.bfloat16, None),
                                   ("float32_capacity", torch.float32, 3)):
-        spec = case(name, TOKENS[world] if world > 1 else [9], dtype=dtype, capacity=capacity,
-                    experts=max(4, 2 * world))
-        spec["ffn"] = 24
-        specs.append(spec)
-    return specs
+        cfg = ep_moe.config(TOKENS[world], hidden=16, ffn=24, experts=max(4, 2 * world), capacity=capacity,
+                            dtype=dtype, steps=3)
+        cfg["name"] = name
+        configs.append(cfg)
+    return configs
 
 
 def _plan(world: int) -> dict:
-    plan = {"bitwise": _bitwise_specs(world), "training": _training_specs(world), "mismatches": world > 1}
+    plan = {"bitwise": _bitwise_specs(world), "training": _training_configs(world), "mismatches": world > 1}
     if world == 2:
         ddp = case("ddp", [6, 5], experts=4)
         ddp["ffn"] = 24
