@@ -14,6 +14,8 @@ nothing over a network: the single-process case runs the same code.
 """
 from __future__ import annotations
 
+import math
+import threading
 from typing import List, Optional, Sequence
 
 import torch
@@ -80,12 +82,15 @@ class Comm:
         return torch.stack(out)
 
     def all_to_all_rows(self, rows: torch.Tensor, output_splits: Sequence[int], input_splits: Sequence[int],
-                        step: str, *, async_op: bool = False):
+                        step: str, *, async_op: bool = False, out: Optional[torch.Tensor] = None):
         """rows [sum(input_splits), ...] -> [sum(output_splits), ...], rows input_splits[d] to rank d,
-        output_splits[s] from rank s, source-rank-major. With async_op=True returns (out, work):
-        call wait(step, work) before reading out."""
+        output_splits[s] from rank s, source-rank-major (into `out` when given: contiguous, the
+        right shape, not overlapping rows). With async_op=True returns (out, work): call
+        wait(step, work) before reading out."""
         rows = rows.contiguous()
-        out = torch.empty((int(sum(output_splits)),) + tuple(rows.shape[1:]), dtype=rows.dtype, device=rows.device)
+        if out is None:
+            out = torch.empty((int(sum(output_splits)),) + tuple(rows.shape[1:]), dtype=rows.dtype,
+                              device=rows.device)
         work = None
         if self.local:
             out.copy_(rows)
@@ -108,6 +113,37 @@ class Comm:
         n = rows.shape[0]
         send = rows.contiguous().repeat((self.world,) + (1,) * (rows.dim() - 1)) if n else rows.contiguous()
         return self.all_to_all_rows(send, list(counts), [n] * self.world, step)
+
+
+class _StagingBuffers(threading.local):
+    def __init__(self):
+        self.buffers: dict = {}
+
+
+_STAGING = _StagingBuffers()
+
+
+def staging(slot: int, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A scratch tensor of `shape` for rows on their way (a send buffer, a received block before
+    its re-layout): on the CPU one of a few byte buffers per thread, reused from call to call, so
+    that a step does not pay the page faults of fresh memory for each of them (PyTorch's CPU
+    allocator returns large blocks to the system). Its contents are dead once the step that asked
+    for it is over: never returned to a caller or saved for backward. Elsewhere (CUDA: the caching
+    allocator already reuses memory) a plain new tensor."""
+    if device.type != "cpu":
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    key = slot
+    buffer = _STAGING.buffers.get(key)
+    if buffer is None or buffer.numel() < nbytes:
+        buffer = torch.empty(nbytes + nbytes // 4, dtype=torch.uint8)  # room to grow a little
+        _STAGING.buffers[key] = buffer
+    return buffer[:nbytes].view(dtype).view(tuple(shape))
+
+
+def release_staging_buffers() -> None:
+    """Frees this thread's staging buffers (they are as large as the largest exchange so far)."""
+    _STAGING.buffers.clear()
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:

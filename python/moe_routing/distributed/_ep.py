@@ -31,7 +31,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ._comm import Comm
+from ._comm import Comm, staging
 
 _init_routing = torch.ops.moe_routing.moe_init_routing
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
@@ -103,8 +103,9 @@ class DispatchHandle:
         self.kept_pairs: torch.Tensor
         self.kept_tokens: torch.Tensor
         # Owner side: owner_index[m] = the row (dropless) or slot (capacity) of the m-th received
-        # row (source-rank-major) in recv_x; owner_gather its inverse (dropless); owner_experts the
-        # local expert of each received row; owner_identity: received order is already recv_x's.
+        # row (source-rank-major) in recv_x; owner_gather its inverse (an unfilled capacity slot
+        # reads a zero row); owner_experts the local expert of each received row;
+        # owner_identity: the received order is already recv_x's.
         self.owner_index: torch.Tensor
         self.owner_index32: torch.Tensor
         self.owner_gather: Optional[torch.Tensor] = None
@@ -271,9 +272,7 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     experts, capacity, routed = -1, None, None
     try:
         experts, capacity = _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, comm.world)
-        with torch.no_grad():
-            routed = _init_routing(x.detach(), expert_idx, None, None, None, -1, -1, experts, 0, 1, True, -1, None,
-                                   0, None, numerics=numerics)
+        routed = _route(x, expert_idx, experts, numerics)
     except (ValueError, IndexError, RuntimeError, NotImplementedError) as failure:
         error = str(failure)
     ok = error is None
@@ -293,6 +292,24 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     handle = _plan(comm, x, expert_idx, routed, all_counts, experts, capacity, numerics)
     recv_x = _Dispatch.apply(x, routed[0], handle)
     return recv_x, handle.tokens_per_local_expert, handle
+
+
+def _route(x: torch.Tensor, expert_idx: torch.Tensor, experts: int, numerics: str):
+    """moe_init_routing of this rank's tokens (dropless, per-expert counts): (rows in dispatch
+    order, in a staging buffer; expanded_row_idx; counts int64 [E])."""
+    pairs = expert_idx.numel()
+    device = x.device
+    outputs = (staging(0, (pairs, x.shape[1]), x.dtype, device),
+               torch.empty(pairs, dtype=torch.int32, device=device),
+               torch.empty(experts, dtype=torch.int64, device=device),
+               torch.empty(pairs, dtype=torch.float32, device=device),
+               torch.empty(0, dtype=torch.float32, device=device))
+    with torch.no_grad():
+        _init_routing.out(x.detach(), expert_idx, None, None, None, -1, -1, experts, 0, 1, True, -1, None, 0, None,
+                          numerics=numerics, expanded_x=outputs[0], expanded_row_idx=outputs[1],
+                          expert_tokens_count_or_cumsum=outputs[2], expanded_scale=outputs[3],
+                          expanded_topk_weight=outputs[4])
+    return outputs[:3]
 
 
 def _gather_counts(table: torch.Tensor, counts: torch.Tensor, experts: int, comm: Comm) -> torch.Tensor:
@@ -377,8 +394,11 @@ def _plan(comm: Comm, x, expert_idx, routed, counts: torch.Tensor, experts: int,
         h.recv_shape = (local, capacity, hidden)
     h.owner_index = _segments(block_len, (base.unsqueeze(0) + before_source).reshape(-1), received, device)
     h.owner_index32 = h.owner_index.to(torch.int32)
-    if capacity is None and not h.owner_identity:
-        h.owner_gather = torch.empty_like(h.owner_index)
+    if not h.owner_identity:
+        # recv_x's row r is received row owner_gather[r]; unfilled capacity slots read row
+        # `received`, a zero row after the received ones.
+        slots = received if capacity is None else local * capacity
+        h.owner_gather = torch.full((slots,), received, dtype=torch.int64, device=device)
         h.owner_gather[h.owner_index] = torch.arange(received, device=device)
     experts_of_blocks = torch.arange(local, dtype=torch.int32).repeat(world).to(device)
     h.owner_experts = torch.repeat_interleave(experts_of_blocks, block_len.to(device),
@@ -390,13 +410,18 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, sorted_rows, h: DispatchHandle):
         ctx.handle = h
-        send = sorted_rows if h.kept_rows is None else sorted_rows.index_select(0, h.kept_rows)
-        recv = h.comm.all_to_all_rows(send, h.recv_splits, h.send_splits, "rows exchange (all_to_all)")
-        if h.expert_capacity is None:
-            return recv if h.owner_identity else recv.index_select(0, h.owner_gather)
-        out = recv.new_zeros((h.recv_shape[0] * h.recv_shape[1], h.hidden))
-        out.index_copy_(0, h.owner_index, recv)
-        return out.view(h.recv_shape)
+        send = sorted_rows
+        if h.kept_rows is not None:
+            send = torch.index_select(sorted_rows, 0, h.kept_rows,
+                                      out=staging(1, (h.kept_rows_count, h.hidden), x.dtype, x.device))
+        step = "rows exchange (all_to_all)"
+        if h.owner_identity:
+            return h.comm.all_to_all_rows(send, h.recv_splits, h.send_splits, step)
+        received = h.received_rows
+        recv = staging(2, (received + 1, h.hidden), x.dtype, x.device)
+        recv[received].zero_()
+        h.comm.all_to_all_rows(send, h.recv_splits, h.send_splits, step, out=recv[:received])
+        return recv.index_select(0, h.owner_gather).view(h.recv_shape)
 
     @staticmethod
     def backward(ctx, grad):
@@ -404,8 +429,10 @@ class _Dispatch(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         grad = grad.contiguous().view(-1, h.hidden)
-        send = grad if h.owner_identity else grad.index_select(0, h.owner_index)
-        rows = h.comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange backward (all_to_all)")
+        send = grad if h.owner_identity else torch.index_select(
+            grad, 0, h.owner_index, out=staging(0, (h.received_rows, h.hidden), grad.dtype, grad.device))
+        rows = h.comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange backward (all_to_all)",
+                                      out=staging(1, (h.kept_rows_count, h.hidden), grad.dtype, grad.device))
         if h.expert_capacity is None:
             grad_x = _init_routing_grad(rows, h.local_index, h.top_k, 0, 0, numerics=h.numerics)
         else:
@@ -510,8 +537,11 @@ class _Combine(torch.autograd.Function):
     def forward(ctx, expert_out, scales, x1, x2, bias, h: DispatchHandle, comm: Comm, numerics: str, needs):
         ctx.handle, ctx.comm, ctx.numerics, ctx.needs = h, comm, numerics, needs
         rows_out = expert_out.contiguous().view(-1, h.hidden)
-        send = rows_out if h.owner_identity else rows_out.index_select(0, h.owner_index)
-        rows = comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange (all_to_all)")
+        dtype, device = rows_out.dtype, rows_out.device
+        send = rows_out if h.owner_identity else torch.index_select(
+            rows_out, 0, h.owner_index, out=staging(0, (h.received_rows, h.hidden), dtype, device))
+        rows = comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange (all_to_all)",
+                                    out=staging(1, (h.kept_rows_count, h.hidden), dtype, device))
         y = _finalize(rows, h.local_index, x1, x2, bias, scales, h.expert_idx, None, None, None, None, 2, None, None,
                       None, h.top_k, numerics=numerics, api="v2")
         ctx.save_for_backward(expert_out, scales, bias)
@@ -532,9 +562,12 @@ class _Combine(torch.autograd.Function):
         if not (need_rows or need_scales or need_bias):
             return tuple(grads)
         # Every kept pair's grad_y row (and scale) to its expert's owner, in dispatch order.
-        pair_rows = grad_y.index_select(0, h.kept_tokens)
-        pair_rows, rows_work = comm.all_to_all_rows(pair_rows, h.recv_splits, h.send_splits,
-                                                    "gradient rows exchange (all_to_all)", async_op=True)
+        dtype, device = grad_y.dtype, grad_y.device
+        pair_rows = torch.index_select(grad_y, 0, h.kept_tokens,
+                                       out=staging(0, (h.kept_rows_count, h.hidden), dtype, device))
+        pair_rows, rows_work = comm.all_to_all_rows(
+            pair_rows, h.recv_splits, h.send_splits, "gradient rows exchange (all_to_all)", async_op=True,
+            out=staging(1, (h.received_rows, h.hidden), dtype, device))
         pair_scales = None
         if scales is not None:
             pair_scales = scales.reshape(-1).index_select(0, h.kept_pairs).view(-1, 1)
