@@ -105,15 +105,17 @@ def single_device(spec: dict, inputs: Dict[str, torch.Tensor]) -> Dict[str, torc
     return result
 
 
-def expert_parallel(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, world: int, group=None):
-    """This rank's part of the same computation with dispatch / combine."""
+def expert_parallel(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, world: int, group=None,
+                    device: str = "cpu"):
+    """This rank's part of the same computation with dispatch / combine (on `device`; results on
+    the CPU)."""
     tokens = spec["tokens"]
     lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
     e = spec["experts"]
     local = e // world
     mine = {name: (t[lo:hi] if name not in ("bias", "expert_scale") else t) for name, t in inputs.items()}
     mine["expert_scale"] = inputs["expert_scale"][rank * local:(rank + 1) * local]
-    t = _leaves(mine)
+    t = _leaves({name: value.to(device) for name, value in mine.items()})
     recv_x, per_expert, handle = ep.dispatch(t["x"], t["expert_idx"], e, group=group,
                                              expert_capacity=spec["capacity"], numerics=spec["numerics"])
     out = run_experts(recv_x, t["expert_scale"], per_expert.tolist())
@@ -123,14 +125,15 @@ def expert_parallel(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, worl
     names = [name for name in _DIFFERENTIABLE if name in t]
     grads = torch.autograd.grad(y, [t[name] for name in names], t["grad_y"])
     result.update({"grad_" + name: grad for name, grad in zip(names, grads)})
-    return result
+    return {name: value.cpu() for name, value in result.items()}
 
 
-def compare(spec: dict, rank: int, world: int, group=None) -> str:
-    """"ok", or what differs on this rank."""
+def compare(spec: dict, rank: int, world: int, group=None, device: str = "cpu") -> str:
+    """"ok", or what differs on this rank (dispatch / combine on `device`, the single-device
+    operators on the CPU)."""
     inputs = global_inputs(spec)
     want = single_device(spec, inputs)
-    got = expert_parallel(spec, inputs, rank, world, group)
+    got = expert_parallel(spec, inputs, rank, world, group, device)
     tokens = spec["tokens"]
     lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
     local = spec["experts"] // world
@@ -163,14 +166,21 @@ def run_cases(rank: int, world: int, specs: List[dict]) -> Dict[str, str]:
 
 # ---- the same errors on every rank ------------------------------------------------------------------
 
-def _expect_error(fn) -> str:
+def _raised(fn, expected=ValueError) -> str:
+    """"<expected type>: <message> (after <s> s)" for the error fn raised, or what happened instead."""
+    started = time.monotonic()
     try:
         fn()
-    except ValueError as error:
-        return f"ValueError: {error}"
+    except expected as error:
+        return f"{expected.__name__}: {error} (after {time.monotonic() - started:.1f} s)"
     except Exception as error:  # noqa: BLE001
         return f"unexpected {type(error).__name__}: {error}"
     return "no error"
+
+
+def _expect_error(fn) -> str:
+    """The ValueError fn raised (without the time, which differs by rank)."""
+    return _raised(fn).rsplit(" (after ", 1)[0]
 
 
 def run_mismatches(rank: int, world: int) -> Dict[str, str]:
@@ -219,25 +229,14 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> Dict[str, str]:
     x = torch.randn(4, 8)
     idx = torch.zeros(4, 1, dtype=torch.int32)
     out: Dict[str, str] = {}
-
-    def attempt(fn) -> str:
-        started = time.monotonic()
-        try:
-            fn()
-        except RuntimeError as error:
-            return f"RuntimeError after {time.monotonic() - started:.1f} s: {error}"
-        except Exception as error:  # noqa: BLE001
-            return f"unexpected {type(error).__name__}: {error}"
-        return "no error"
-
     if rank == 0:
-        out["dispatch"] = attempt(lambda: ep.dispatch(x, idx, 2 * world, group=group_a))
+        out["dispatch"] = _raised(lambda: ep.dispatch(x, idx, 2 * world, group=group_a), RuntimeError)
     else:
         time.sleep(2.5 * timeout_s)
     dist.barrier()  # on the default group, whose timeout is long: both ranks go on to group b
     recv_x, _, handle = ep.dispatch(x, idx, 2 * world, group=group_b)
     if rank == 0:
-        out["combine"] = attempt(lambda: ep.combine(recv_x, handle))
+        out["combine"] = _raised(lambda: ep.combine(recv_x, handle), RuntimeError)
     else:
         time.sleep(2.5 * timeout_s)
     return out

@@ -1,5 +1,6 @@
-"""examples/python/ep_moe.py launched the documented way, by torchrun: every rank's losses,
-outputs and gradients equal the single-process layer's bit for bit (the script's exit status)."""
+"""The scripts around moe_routing.distributed: examples/python/ep_moe.py launched the documented way,
+by torchrun (every rank's losses, outputs and gradients equal the single-process layer's bit for
+bit: the script's exit status), and tools/gpu_check_ep.py on the CPU."""
 from __future__ import annotations
 
 import os
@@ -16,3 +17,13 @@ def test_torchrun_two_ranks_with_capacity():
                             capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "equal the single-process run bit for bit" in result.stdout, result.stdout
+
+
+def test_gpu_check_script_on_the_cpu():
+    """tools/gpu_check_ep.py (run by tools/gpu_check.sh with NCCL on CUDA tensors) takes the
+    same path with gloo on CPU tensors here, so that it cannot rot unseen."""
+    script = os.path.join(os.path.dirname(EXAMPLE), "..", "..", "tools", "gpu_check_ep.py")
+    result = subprocess.run([sys.executable, script, "--backend", "gloo", "--device", "cpu"], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "8 of 8 scenarios bit for bit equal" in result.stdout, result.stdout

@@ -10,11 +10,11 @@ Forward and every gradient equal, bit for bit, the single-device computation of 
 """
 from __future__ import annotations
 
-from ._comm import all_to_all
+from ._comm import all_to_all, release_staging_buffers
 from ._ep import DispatchHandle, combine, dispatch
 from ._launch import run_local
 from ._module import ExpertParallelMoE, Router
 from ._replicate import RowLayout, allreduce_sum_hook, local_rows, replicate_rows
 
 __all__ = ["dispatch", "combine", "DispatchHandle", "all_to_all", "replicate_rows", "local_rows", "RowLayout",
-           "allreduce_sum_hook", "ExpertParallelMoE", "Router", "run_local"]
+           "allreduce_sum_hook", "ExpertParallelMoE", "Router", "run_local", "release_staging_buffers"]
