@@ -191,9 +191,9 @@ def main(argv=None) -> int:
                       f"{statistics.median(step['bare']) * 1e3:.2f}", f"{statistics.median(step['ours']) * 1e3:.2f}",
                       f"{statistics.median(step['baseline']) * 1e3:.2f}", f"{ours_vs_bare:.2f}x",
                       f"{base_vs_ours:.2f}x"])
-    print(f"world {args.world} (gloo, 127.0.0.1, {args.threads} thread(s) per rank), H={args.hidden}, E={args.experts}, "
-          f"K={args.top_k}, {args.dtype}; one step = dispatch + combine forward and backward; median of "
-          f"{args.runs} runs")
+    print(f"world {args.world} (gloo, 127.0.0.1, {args.threads} thread(s) per rank), H={args.hidden}, "
+          f"E={args.experts}, K={args.top_k}, {args.dtype}; one step = dispatch + combine forward and backward; "
+          f"median of {args.runs} runs")
     if args.markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))

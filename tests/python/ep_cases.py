@@ -260,11 +260,17 @@ def compare_training(rank: int, world: int, configs: List[dict]) -> Dict[str, st
 
 # ---- DDP for the router (the non-deterministic path) -------------------------------------------------
 
-def train_with_ddp(rank: int, world: int, spec: dict, steps: int = 2) -> Dict[str, str]:
-    """deterministic=False: the router runs on this rank's tokens and DDP (summing hook) completes
-    its gradient. Compared with the single-process layer to rounding (not bit for bit: the
-    router's gradient is a sum of per-rank parts), and the router's gradient identical on every
-    rank."""
+def _full_gradient(p: torch.Tensor, world: int) -> torch.Tensor:
+    """A parameter's gradient as a plain tensor: FSDP's sharded average gathered, times W."""
+    return p.grad.full_tensor() * world if hasattr(p.grad, "full_tensor") else p.grad.clone()
+
+
+def train_with_data_parallel(rank: int, world: int, spec: dict, wrapper: str, steps: int = 2) -> str:
+    """deterministic=False: the router runs on this rank's tokens and DDP (summing hook) or FSDP
+    (fully_shard, averaging, times W) completes its gradient. Compared with the single-process layer to
+    rounding (not bit for bit: the router's gradient is a sum of per-rank parts), and the router's
+    gradient identical on every rank."""
+    from torch.distributed.fsdp import fully_shard
     from torch.nn.parallel import DistributedDataParallel
     alone = [dist.new_group([r]) for r in range(world)][rank]
     tokens = spec["tokens"]
@@ -275,8 +281,11 @@ def train_with_ddp(rank: int, world: int, spec: dict, steps: int = 2) -> Dict[st
         models[name] = ep.ExpertParallelMoE(spec["hidden"], spec["ffn"], spec["experts"], spec["top_k"],
                                             group=group, deterministic=name == "single", seed=spec["seed"])
     layer = models["ep"]
-    layer.router = DistributedDataParallel(layer.router)
-    layer.router.register_comm_hook(None, ep.allreduce_sum_hook)
+    if wrapper == "ddp":
+        layer.router = DistributedDataParallel(layer.router)
+        layer.router.register_comm_hook(None, ep.allreduce_sum_hook)
+    else:  # FSDP averages (a divide factor of 1 needs PREMUL_SUM, which gloo lacks): times W below
+        fully_shard(layer.router)
     g = torch.Generator().manual_seed(spec["seed"] + 1)
     inputs = torch.randn(n, spec["hidden"], generator=g)
     target = torch.randn(n, spec["hidden"], generator=g)
@@ -292,7 +301,7 @@ def train_with_ddp(rank: int, world: int, spec: dict, steps: int = 2) -> Dict[st
                 y = model(inputs)
                 loss = torch.nn.functional.mse_loss(y, target)
             loss.backward()
-            grads[name] = {key.replace("module.", ""): p.grad.clone() for key, p in model.named_parameters()}
+            grads[name] = {key.replace("module.", ""): _full_gradient(p, world) for key, p in model.named_parameters()}
         local = spec["experts"] // world
         mine = slice(rank * local, (rank + 1) * local)
         for key, grad in grads["ep"].items():
@@ -304,11 +313,11 @@ def train_with_ddp(rank: int, world: int, spec: dict, steps: int = 2) -> Dict[st
         dist.all_gather(everyone, router)
         if not all(torch.equal(everyone[0], other) for other in everyone):
             out[f"router step {step}"] = "not the same on every rank"
-        for model in models.values():
-            with torch.no_grad():
+        with torch.no_grad():
+            for model in models.values():
                 for p in model.parameters():
-                    p -= 0.5 * p.grad
-    return {"ddp": "ok" if not out else "; ".join(f"{k}: {v}" for k, v in out.items())}
+                    p -= 0.5 * p.grad * (world if hasattr(p.grad, "full_tensor") else 1)
+    return "ok" if not out else "; ".join(f"{k}: {v}" for k, v in out.items())
 
 
 def check_all_to_all(rank: int, world: int) -> str:
@@ -331,7 +340,7 @@ def check_all_to_all(rank: int, world: int) -> str:
 
 def run_world(rank: int, world: int, plan: dict) -> dict:
     """One process of a test launch: every part of `plan` in order (keys: bitwise, training,
-    mismatches, timeouts, ddp); returns {part: {name: result}}."""
+    mismatches, timeouts, data_parallel); returns {part: {name: result}}."""
     results: dict = {}
     if "bitwise" in plan:
         results["bitwise"] = run_cases(rank, world, plan["bitwise"])
@@ -340,8 +349,9 @@ def run_world(rank: int, world: int, plan: dict) -> dict:
         results["training"] = compare_training(rank, world, plan["training"])
     if plan.get("mismatches"):
         results["mismatches"] = run_mismatches(rank, world)
-    if "ddp" in plan:
-        results["ddp"] = train_with_ddp(rank, world, plan["ddp"])
+    if "data_parallel" in plan:
+        results["data_parallel"] = {wrapper: train_with_data_parallel(rank, world, plan["data_parallel"], wrapper)
+                                    for wrapper in ("ddp", "fsdp")}
     if "timeouts" in plan:  # last: its groups are left broken
         results["timeouts"] = run_timeouts(rank, world, plan["timeouts"])
     return results

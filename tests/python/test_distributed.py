@@ -65,9 +65,9 @@ def _training_configs(world: int):
 def _plan(world: int) -> dict:
     plan = {"bitwise": _bitwise_specs(world), "training": _training_configs(world), "mismatches": world > 1}
     if world == 2:
-        ddp = case("ddp", [6, 5], experts=4)
-        ddp["ffn"] = 24
-        plan["ddp"] = ddp
+        data_parallel = case("data_parallel", [6, 5], experts=4)
+        data_parallel["ffn"] = 24
+        plan["data_parallel"] = data_parallel
         plan["timeouts"] = 1.0
     return plan
 
@@ -141,11 +141,13 @@ def test_peer_not_taking_part_times_out(operation):
     assert seconds < 10, message
 
 
-def test_ddp_router():
-    """deterministic=False with the router in DDP (summing hook): gradients agree with the
-    single-process layer to rounding and the router's is the same on every rank."""
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_router_under_data_parallel(wrapper):
+    """deterministic=False with the router in DDP (summing hook) or FSDP (fully_shard; its average
+    times W): gradients agree with the single-process layer to rounding and the router's
+    is the same on every rank."""
     for rank, results in enumerate(_launch(2)):
-        assert results["ddp"]["ddp"] == "ok", f"rank {rank}: {results['ddp']['ddp']}"
+        assert results["data_parallel"][wrapper] == "ok", f"rank {rank}: {results['data_parallel'][wrapper]}"
 
 
 @pytest.mark.parametrize("spec", [case("dropless", [7]), case("capacity", [7], capacity=2, dtype=torch.bfloat16)],
