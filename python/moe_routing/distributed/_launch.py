@@ -54,7 +54,6 @@ def run_local(target: Callable, world: int, *args, timeout: float = 120.0, colle
     Raises:
         RuntimeError: a process raised (its traceback is in the message), died, or ran past timeout.
     """
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on the loopback interface
     store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=60),
                           wait_for_workers=False)
     context = mp.get_context("spawn")
@@ -62,8 +61,15 @@ def run_local(target: Callable, world: int, *args, timeout: float = 120.0, colle
     processes = [context.Process(target=_child, args=(rank, world, store.port, backend, collective_timeout, threads,
                                                       results, target, args), daemon=True)
                  for rank in range(world)]
-    for process in processes:
-        process.start()
+    # The children inherit the environment at start: keep gloo on the loopback interface there.
+    previous = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        for process in processes:
+            process.start()
+    finally:
+        if previous is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
     deadline = time.monotonic() + timeout
     values: dict = {}
     failures: dict = {}
@@ -82,8 +88,9 @@ def run_local(target: Callable, world: int, *args, timeout: float = 120.0, colle
                             failures[r] = f"process exited with code {processes[r].exitcode} and no result"
                             pending.discard(r)
                 if now > deadline:
+                    why = "killed: another rank failed" if failures else f"did not finish within {timeout:g} s"
                     for r in pending:
-                        failures[r] = f"did not finish within {timeout:g} s (killed)"
+                        failures[r] = why
                     pending.clear()
                 continue
             pending.discard(rank)
@@ -91,6 +98,9 @@ def run_local(target: Callable, world: int, *args, timeout: float = 120.0, colle
                 values[rank] = torch.load(io.BytesIO(value), weights_only=False)
             else:
                 failures[rank] = value
+                # The others may now wait on the failed rank in a collective: a few seconds to
+                # report, then they are killed.
+                deadline = min(deadline, time.monotonic() + 10.0)
     finally:
         for process in processes:
             process.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
