@@ -25,6 +25,7 @@ operators on the global batch (bit for bit), so both compute the same layer.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -171,7 +172,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="skip the bit-for-bit check against the single-device operators")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--thp", action="store_true",
+                        help="THP_MEM_ALLOC_ENABLE=1 in the ranks: large fresh CPU tensors on huge pages (fewer "
+                             "page faults for ours' and the baseline's outputs)")
     args = parser.parse_args(argv)
+    if args.thp:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"  # read by each rank's PyTorch at start
     config = dict(tokens=[int(t) for t in args.tokens.split(",")], hidden=args.hidden, experts=args.experts,
                   top_k=args.top_k, dtype=args.dtype, runs=args.runs, warmup=args.warmup, check=args.check)
     per_rank = ep.run_local(rank_main, args.world, config, timeout=3600, collective_timeout=600,
@@ -191,7 +197,8 @@ def main(argv=None) -> int:
                       f"{statistics.median(step['bare']) * 1e3:.2f}", f"{statistics.median(step['ours']) * 1e3:.2f}",
                       f"{statistics.median(step['baseline']) * 1e3:.2f}", f"{ours_vs_bare:.2f}x",
                       f"{base_vs_ours:.2f}x"])
-    print(f"world {args.world} (gloo, 127.0.0.1, {args.threads} thread(s) per rank), H={args.hidden}, "
+    print(f"world {args.world} (gloo, 127.0.0.1, {args.threads} thread(s) per rank{', THP' if args.thp else ''}), "
+          f"H={args.hidden}, "
           f"E={args.experts}, K={args.top_k}, {args.dtype}; one step = dispatch + combine forward and backward; "
           f"median of {args.runs} runs")
     if args.markdown:

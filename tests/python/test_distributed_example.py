@@ -27,3 +27,14 @@ def test_gpu_check_script_on_the_cpu():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "8 of 8 scenarios bit for bit equal" in result.stdout, result.stdout
+
+
+def test_ep_bench_runs_at_a_tiny_size():
+    """bench/ep_bench.py end to end (its own bit-for-bit check against the single-device operators
+    included) at a size that takes seconds; the timings themselves are not asserted."""
+    script = os.path.join(os.path.dirname(EXAMPLE), "..", "..", "bench", "ep_bench.py")
+    result = subprocess.run([sys.executable, script, "--hidden", "32", "--experts", "8", "--top-k", "2",
+                             "--tokens", "0,16", "--runs", "1", "--warmup", "0", "--markdown"],
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "| 16 | 32 |" in result.stdout, result.stdout
