@@ -121,7 +121,8 @@ def expert_parallel(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, worl
     out = run_experts(recv_x, t["expert_scale"], per_expert.tolist())
     y = ep.combine(out, handle, scales=t.get("scales"), x1=t.get("x1"), x2=t.get("x2"), bias=t.get("bias"),
                    numerics=spec["numerics"])
-    result = {"recv_x": recv_x.detach(), "tokens_per_expert": per_expert, "y": y.detach()}
+    result = {"recv_x": recv_x.detach(), "tokens_per_expert": per_expert, "y": y.detach(),
+              "tokens_per_rank": torch.tensor(handle.tokens_per_rank), "counts": handle.counts}
     names = [name for name in _DIFFERENTIABLE if name in t]
     grads = torch.autograd.grad(y, [t[name] for name in names], t["grad_y"])
     result.update({"grad_" + name: grad for name, grad in zip(names, grads)})
@@ -149,6 +150,10 @@ def compare(spec: dict, rank: int, world: int, group=None, device: str = "cpu") 
         if name in want:
             want[name] = want[name][lo:hi]
     want["grad_expert_scale"] = want["grad_expert_scale"][first:last]
+    want["tokens_per_rank"] = torch.tensor(tokens)
+    ids, starts = inputs["expert_idx"].long(), [sum(tokens[:r]) for r in range(world + 1)]
+    want["counts"] = torch.stack([torch.bincount(ids[starts[r]:starts[r + 1]].reshape(-1), minlength=spec["experts"])
+                                  for r in range(world)])
     differing = [name for name in want if name not in got or not bitwise_equal(got[name], want[name])]
     return "ok" if not differing else f"differ on rank {rank}: {', '.join(differing)}"
 

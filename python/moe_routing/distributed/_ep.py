@@ -79,9 +79,10 @@ class DispatchHandle:
 
     Public, read-only attributes: num_experts, local_experts (E/W), first_expert (r*E/W),
     top_k, hidden, dtype, expert_capacity (None: dropless), numerics, num_tokens (this rank's N),
-    tokens_per_local_expert (int64 [E/W], CPU: rows of each local expert, after capacity),
-    counts (int64 [W, E], CPU: every rank's pairs per expert, before capacity), send_splits /
-    recv_splits (rows sent to / received from each rank). The rest is internal."""
+    tokens_per_rank (every rank's N), tokens_per_local_expert (int64 [E/W], CPU: rows of each
+    local expert, after capacity), counts (int64 [W, E], CPU: every rank's pairs per expert,
+    before capacity), send_splits / recv_splits (rows sent to / received from each rank). The rest
+    is internal."""
 
     def __init__(self):
         self.comm: Comm
@@ -90,6 +91,7 @@ class DispatchHandle:
         self.expert_capacity: Optional[int] = None
         self.numerics = "atlas_a2"
         self.num_tokens = 0
+        self.tokens_per_rank: List[int] = []
         self.expert_idx: torch.Tensor
         self.counts: torch.Tensor
         self.tokens_per_local_expert: torch.Tensor
@@ -187,7 +189,7 @@ def _check_table(op: str, table: torch.Tensor, comm: Comm) -> None:
 
 
 def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
-              counts: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+              counts: Optional[torch.Tensor]) -> torch.Tensor:
     message = _message(op, comm, fields, error, tokens, counts, comm.meta_device())
     step = "agreement and counts exchange (all_gather)" if counts is not None else "agreement exchange (all_gather)"
     table = comm.all_gather_fixed(message, step).cpu()
@@ -207,7 +209,7 @@ def _as_int(value, name: str, op: str, minimum: int) -> int:
     return result
 
 
-def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, world) -> Tuple[int, Optional[int]]:
+def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics) -> Tuple[int, Optional[int]]:
     op = "moe_routing.distributed.dispatch"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPE_CODES:
         raise ValueError(f"{op}: x must be a 2-D float32, float16 or bfloat16 tensor [N, H], got "
@@ -271,7 +273,7 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     error = None
     experts, capacity, routed = -1, None, None
     try:
-        experts, capacity = _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, comm.world)
+        experts, capacity = _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics)
         routed = _route(x, expert_idx, experts, numerics)
     except (ValueError, IndexError, RuntimeError, NotImplementedError) as failure:
         error = str(failure)
@@ -284,12 +286,13 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
               11: _NUMERICS_CODES.get(numerics, -1),
               12: int(ok and torch.is_grad_enabled() and x.requires_grad)}
     counts = routed[2].to("cpu", torch.int64) if ok else None
-    table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, counts, comm.meta_device())
+    table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, counts)
     if experts % comm.world:
         raise ValueError(f"moe_routing.distributed.dispatch: num_experts must be divisible by the world size "
                          f"({comm.world}), got {experts}")
     all_counts = _gather_counts(table, counts, experts, comm)
     handle = _plan(comm, x, expert_idx, routed, all_counts, experts, capacity, numerics)
+    handle.tokens_per_rank = table[:, _F_TOKENS].tolist()
     recv_x = _Dispatch.apply(x, routed[0], handle)
     return recv_x, handle.tokens_per_local_expert, handle
 
@@ -528,7 +531,7 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
                   11: _NUMERICS_CODES[numerics], 12: 0 if scales is None else _DTYPE_CODES[scales.dtype],
                   13: int(bias is not None), 14: int(needs[0]), 15: int(needs[1]), 16: int(needs[2]),
                   17: int(out_needs_grad)}
-    _exchange("combine", comm, fields, error, handle.num_tokens if ok else 0, None, comm.meta_device())
+    _exchange("combine", comm, fields, error, handle.num_tokens if ok else 0, None)
     return _Combine.apply(expert_out, scales, x1, x2, bias, handle, comm, numerics, needs)
 
 
