@@ -23,13 +23,15 @@ bitwise_equal = ep_moe.bitwise_equal
 
 def case(name: str, tokens: List[int], *, dtype=torch.float32, capacity: Optional[int] = None, hidden: int = 16,
          top_k: int = 2, experts: Optional[int] = None, scales: Optional[str] = "same", bias: bool = True,
-         x1: bool = True, x2: bool = False, numerics: str = "atlas_a2", unused_experts=(), seed: int = 0) -> dict:
+         x1: bool = True, x2: bool = False, numerics: str = "atlas_a2", unused_experts=(), repeats: bool = False,
+         seed: int = 0) -> dict:
     """A scenario: `tokens` per rank (so the world size is len(tokens)); scales "same" (dtype of x),
-    "float32" (with bfloat16) or None; `unused_experts` receive no pair."""
+    "float32" (with bfloat16) or None; `unused_experts` receive no pair; `repeats`: a token may
+    choose the same expert more than once."""
     world = len(tokens)
     return dict(name=name, tokens=list(tokens), dtype=dtype, capacity=capacity, hidden=hidden, top_k=top_k,
                 experts=experts if experts is not None else 2 * world + 2 * (world == 1), scales=scales, bias=bias,
-                x1=x1, x2=x2, numerics=numerics, unused_experts=tuple(unused_experts), seed=seed)
+                x1=x1, x2=x2, numerics=numerics, unused_experts=tuple(unused_experts), repeats=repeats, seed=seed)
 
 
 def global_inputs(spec: dict) -> Dict[str, torch.Tensor]:
@@ -38,8 +40,11 @@ def global_inputs(spec: dict) -> Dict[str, torch.Tensor]:
     n, h, k, e, dtype = sum(spec["tokens"]), spec["hidden"], spec["top_k"], spec["experts"], spec["dtype"]
     allowed = [i for i in range(e) if i not in spec["unused_experts"]]
     assert len(allowed) >= k
-    choice = torch.stack([torch.randperm(len(allowed), generator=g)[:k] for _ in range(n)]) if n else \
-        torch.empty(0, k, dtype=torch.int64)
+    if spec["repeats"]:
+        choice = torch.randint(0, len(allowed), (n, k), generator=g)
+    else:
+        choice = torch.stack([torch.randperm(len(allowed), generator=g)[:k] for _ in range(n)]) if n else \
+            torch.empty(0, k, dtype=torch.int64)
     inputs = {
         "x": torch.randn(n, h, generator=g).to(dtype),
         "expert_idx": torch.tensor(allowed, dtype=torch.int32)[choice].reshape(n, k),

@@ -35,6 +35,8 @@ def _bitwise_specs(world: int):
         case("x1_x2_no_bias", tokens, dtype=torch.float16, x2=True, bias=False),
         case("top3_h33", tokens, dtype=torch.float16, top_k=3, hidden=33, experts=4 * world),
         case("capacity_1", tokens, capacity=1),
+        case("repeated_choices", tokens, dtype=torch.bfloat16, top_k=4, repeats=True),
+        case("repeated_choices_capacity", tokens, top_k=4, repeats=True, capacity=2),
         case("capacity_everything", tokens, dtype=torch.bfloat16, capacity=sum(tokens)),
         # More experts than the first counts message holds (the continuation messages).
         case("many_experts", tokens, experts=448, top_k=3, capacity=2),

@@ -1,4 +1,4 @@
-"""Expert-parallel dispatch and combine on moe_init_routing / moe_finalize_routing (docs/distributed.md).
+"""Expert-parallel dispatch and combine on moe_routing's operators (docs/distributed.md).
 
 Layout. Experts are owned in contiguous blocks: rank r of W owns [r*E/W, (r+1)*E/W). Global
 tokens are numbered rank-major (rank 0's tokens first), so the global pair index p = i*K + t
@@ -8,21 +8,27 @@ exactly the rows rank r receives, in the same order. With a capacity C, expert e
 C pairs in that order: rank r keeps its first clamp(C - sum_{s<r} c_s[e], 0, c_r[e]) pairs of e,
 where c_s[e] is rank s's count.
 
+Traffic. Rows that are summed on the token's rank (the combine forward, the dispatch backward)
+travel once per kept pair; rows that are only copied or multiplied (the dispatch forward, the
+combine backward) travel once per (token, destination rank), however many of the token's experts
+that rank owns.
+
 Arithmetic. The only arithmetic is in our operators, each call seeing the same terms in the same
 order as the single-device call on the global batch (docs/decisions.md §17):
 
-* dispatch forward: moe_init_routing on the local tokens (its rows are the global rows for those
-  tokens); the exchange and re-layouts move bytes.
+* dispatch forward: only moves bytes. A token's row goes once to each rank owning one of its
+  experts (with its K expert ids), and the owner expands it to one row per pair, expert-major.
 * dispatch backward: moe_init_routing_grad on the token's rank, over that token's K rows, in the
   drop_pad_mode the single-device call has (0 dropless, 1 with a capacity).
 * combine forward: moe_finalize_routing on the token's rank over its K pairs (drop_pad_mode 2,
   dropped pairs -1; mode 2 and 3 run the same per-token sum).
-* combine backward: every pair's grad_y row and scale go to the expert's owner, which calls
-  moe_finalize_routing_grad with each received pair as its own token (K = 1): its gradient row
-  (grad_y * scale, one narrowing), its grad_scales term (the sum over H of the same products), and
-  grad_bias (per expert, the pairs in increasing global p, which is the received order) are then
-  computed exactly as the single-device call computes them. grad_scales return to the token's rank;
-  the owners' grad_bias blocks are all-gathered, so every rank holds the global batch's grad_bias.
+* combine backward: a token's grad_y row and K scales go once to each rank owning one of its
+  experts, which calls moe_finalize_routing_grad on the received tokens with the pairs of other
+  ranks' experts (and dropped pairs) marked -1: each pair's gradient row (grad_y * scale, one
+  narrowing) and grad_scales term (the sum over H of the same products) are per pair, and
+  grad_bias sums, per expert, the pairs in increasing global p (the received order), exactly as the
+  single-device call does. grad_scales return to the token's rank; the owners' grad_bias blocks are
+  all-gathered, so every rank holds the global batch's grad_bias.
 """
 from __future__ import annotations
 
@@ -33,19 +39,19 @@ import torch
 
 from ._comm import Comm, staging
 
-_init_routing = torch.ops.moe_routing.moe_init_routing
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
 _finalize = torch.ops.moe_routing.moe_finalize_routing
 _finalize_grad = torch.ops.moe_routing.moe_finalize_routing_grad
 
 # Every rank sends one fixed-length int64 message first (whatever it was called with), so that
 # ranks which disagree still complete the exchange and can all raise the same error:
-# [header | local error text | counts]. E beyond the first message's room follows in further
+# [header | local error text | payload]. The dispatch's payload (per-expert pair counts, then
+# per-destination token counts: E + W words) beyond the first message's room follows in further
 # messages of the same length, sent only once every rank agrees on E.
 _MESSAGE_WORDS = 512
 _HEADER_WORDS = 32
 _TEXT_WORDS = 48  # 384 bytes of UTF-8
-_COUNT_WORDS = _MESSAGE_WORDS - _HEADER_WORDS - _TEXT_WORDS
+_PAYLOAD_WORDS = _MESSAGE_WORDS - _HEADER_WORDS - _TEXT_WORDS
 _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
@@ -95,24 +101,32 @@ class DispatchHandle:
         self.expert_idx: torch.Tensor
         self.counts: torch.Tensor
         self.tokens_per_local_expert: torch.Tensor
+        # Pair rows (combine forward, dispatch backward): kept pairs per rank; token rows
+        # (dispatch forward, combine backward): a token once per rank owning one of its experts.
         self.send_splits: List[int] = []
         self.recv_splits: List[int] = []
-        # Token side: local_index[p] = the kept row (send order) of local pair p, or -1 (dropped);
-        # kept_rows = rows of moe_init_routing's output that are sent (None: all of them);
-        # kept_pairs / kept_tokens = the local pair / token of each kept row.
+        self.token_send_splits: List[int] = []
+        self.token_recv_splits: List[int] = []
+        # Token side: sent_tokens = the tokens sent, rank-major; local_index[p] = the row of local
+        # pair p among the kept pairs in send order, or -1 (dropped); kept_pairs = the pair of each
+        # such row; scales_back = where its grad_scales is among the [sent tokens, K] coming back.
+        self.sent_tokens: torch.Tensor
         self.local_index: torch.Tensor
-        self.kept_rows: Optional[torch.Tensor] = None
         self.kept_pairs: torch.Tensor
-        self.kept_tokens: torch.Tensor
-        # Owner side: owner_index[m] = the row (dropless) or slot (capacity) of the m-th received
-        # row (source-rank-major) in recv_x; owner_gather its inverse (an unfilled capacity slot
-        # reads a zero row); owner_experts the local expert of each received row;
-        # owner_identity: the received order is already recv_x's.
+        self.scales_back: torch.Tensor
+        # Owner side: received pairs numbered m (source-rank-major, then local expert, then token
+        # and choice); owner_index[m] = its row (dropless) or slot (capacity) of recv_x,
+        # owner_gather the inverse (an unfilled slot: m = received, none); expand[r] = the received
+        # token row recv_x's row r copies (a zero row for an unfilled slot); owner_pair_index /
+        # owner_pair_experts = for every received (token, choice), its recv_x row (-1: not this
+        # rank's or dropped) and local expert.
+        self.received_tokens = 0
+        self.owner_block_len: torch.Tensor
         self.owner_index: torch.Tensor
-        self.owner_index32: torch.Tensor
-        self.owner_gather: Optional[torch.Tensor] = None
-        self.owner_experts: torch.Tensor
-        self.owner_identity = False
+        self.owner_gather: torch.Tensor
+        self.expand: torch.Tensor
+        self.owner_pair_index: torch.Tensor
+        self.owner_pair_experts: torch.Tensor
         self.recv_shape: Tuple[int, ...] = ()
 
     @property
@@ -127,7 +141,7 @@ class DispatchHandle:
 # ---- the agreement exchange -------------------------------------------------------------------------
 
 def _message(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
-             counts: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
+             payload: Optional[torch.Tensor], device: torch.device) -> torch.Tensor:
     message = torch.zeros(_MESSAGE_WORDS, dtype=torch.int64)
     message[_F_MAGIC] = _MAGIC
     message[_F_OP] = _OP_CODES[op]
@@ -141,8 +155,8 @@ def _message(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: in
         message[_F_TEXT_BYTES] = len(text)
         padded = text + b"\0" * (_TEXT_WORDS * 8 - len(text))
         message[_HEADER_WORDS:_HEADER_WORDS + _TEXT_WORDS] = torch.frombuffer(bytearray(padded), dtype=torch.int64)
-    if counts is not None:
-        first = counts[:_COUNT_WORDS]
+    if payload is not None:
+        first = payload[:_PAYLOAD_WORDS]
         message[_HEADER_WORDS + _TEXT_WORDS:_HEADER_WORDS + _TEXT_WORDS + first.numel()] = first
     return message.to(device)
 
@@ -189,9 +203,9 @@ def _check_table(op: str, table: torch.Tensor, comm: Comm) -> None:
 
 
 def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
-              counts: Optional[torch.Tensor]) -> torch.Tensor:
-    message = _message(op, comm, fields, error, tokens, counts, comm.meta_device())
-    step = "agreement and counts exchange (all_gather)" if counts is not None else "agreement exchange (all_gather)"
+              payload: Optional[torch.Tensor]) -> torch.Tensor:
+    message = _message(op, comm, fields, error, tokens, payload, comm.meta_device())
+    step = "agreement and counts exchange (all_gather)" if payload is not None else "agreement exchange (all_gather)"
     table = comm.all_gather_fixed(message, step).cpu()
     _check_table(op, table, comm)
     return table
@@ -209,7 +223,7 @@ def _as_int(value, name: str, op: str, minimum: int) -> int:
     return result
 
 
-def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics) -> Tuple[int, Optional[int]]:
+def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, world) -> Tuple[int, Optional[int]]:
     op = "moe_routing.distributed.dispatch"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPE_CODES:
         raise ValueError(f"{op}: x must be a 2-D float32, float16 or bfloat16 tensor [N, H], got "
@@ -221,6 +235,8 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics) -> T
     if expert_idx.device != x.device:
         raise ValueError(f"{op}: expert_idx must be on the device of x ({x.device}), got {expert_idx.device}")
     experts = _as_int(num_experts, "num_experts", "dispatch", 1)
+    if experts % world:
+        raise ValueError(f"{op}: num_experts must be divisible by the world size ({world}), got {experts}")
     capacity = None if expert_capacity is None else _as_int(expert_capacity, "expert_capacity", "dispatch", 1)
     if numerics not in _NUMERICS_CODES:
         raise ValueError(f"{op}: numerics must be 'atlas_a2' or 'ascend_950', got {numerics!r}")
@@ -271,11 +287,11 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     """
     comm = Comm(group, "dispatch")
     error = None
-    experts, capacity, routed = -1, None, None
+    experts, capacity, routing = -1, None, None
     try:
-        experts, capacity = _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics)
-        routed = _route(x, expert_idx, experts, numerics)
-    except (ValueError, IndexError, RuntimeError, NotImplementedError) as failure:
+        experts, capacity = _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, comm.world)
+        routing = _LocalRouting(expert_idx, experts, comm.world)
+    except (ValueError, IndexError, RuntimeError) as failure:
         error = str(failure)
     ok = error is None
     fields = {6: experts if ok else -1,
@@ -285,43 +301,47 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
               10: -1 if capacity is None else capacity,
               11: _NUMERICS_CODES.get(numerics, -1),
               12: int(ok and torch.is_grad_enabled() and x.requires_grad)}
-    counts = routed[2].to("cpu", torch.int64) if ok else None
-    table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, counts)
-    if experts % comm.world:
-        raise ValueError(f"moe_routing.distributed.dispatch: num_experts must be divisible by the world size "
-                         f"({comm.world}), got {experts}")
-    all_counts = _gather_counts(table, counts, experts, comm)
-    handle = _plan(comm, x, expert_idx, routed, all_counts, experts, capacity, numerics)
+    payload = torch.cat([routing.counts, routing.token_splits]).cpu() if ok else None
+    table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, payload)
+    everything = _gather_payload(table, payload, experts + comm.world, comm)
+    handle = _plan(comm, x, expert_idx, routing, everything[:, :experts], everything[:, experts:], capacity,
+                   numerics)
     handle.tokens_per_rank = table[:, _F_TOKENS].tolist()
-    recv_x = _Dispatch.apply(x, routed[0], handle)
+    recv_x = _Dispatch.apply(x, _exchange_tokens(comm, x, expert_idx, handle), handle)
     return recv_x, handle.tokens_per_local_expert, handle
 
 
-def _route(x: torch.Tensor, expert_idx: torch.Tensor, experts: int, numerics: str):
-    """moe_init_routing of this rank's tokens (dropless, per-expert counts): (rows in dispatch
-    order, in a staging buffer; expanded_row_idx; counts int64 [E])."""
-    pairs = expert_idx.numel()
-    device = x.device
-    outputs = (staging(0, (pairs, x.shape[1]), x.dtype, device),
-               torch.empty(pairs, dtype=torch.int32, device=device),
-               torch.empty(experts, dtype=torch.int64, device=device),
-               torch.empty(pairs, dtype=torch.float32, device=device),
-               torch.empty(0, dtype=torch.float32, device=device))
-    with torch.no_grad():
-        _init_routing.out(x.detach(), expert_idx, None, None, None, -1, -1, experts, 0, 1, True, -1, None, 0, None,
-                          numerics=numerics, expanded_x=outputs[0], expanded_row_idx=outputs[1],
-                          expert_tokens_count_or_cumsum=outputs[2], expanded_scale=outputs[3],
-                          expanded_topk_weight=outputs[4])
-    return outputs[:3]
+class _LocalRouting:
+    """This rank's pairs sorted by expert (moe_init_routing's order: stable by (expert, p)), and
+    the tokens each rank must receive: those with at least one pair among its experts, in
+    increasing token order (sent once, whatever their number of pairs there)."""
+
+    def __init__(self, expert_idx: torch.Tensor, experts: int, world: int):
+        n, k = expert_idx.shape
+        device = expert_idx.device
+        flat = expert_idx.reshape(-1).long()
+        self.order = torch.argsort(flat, stable=True)  # row d of the sorted pairs holds pair order[d]
+        self.expanded_row_idx = torch.empty(n * k, dtype=torch.int32, device=device)
+        self.expanded_row_idx[self.order] = torch.arange(n * k, dtype=torch.int32, device=device)
+        self.counts = torch.bincount(flat, minlength=experts).cpu()
+        self.owner = torch.div(flat, experts // world, rounding_mode="floor")  # each pair's rank
+        needed = torch.zeros(world, n, dtype=torch.bool, device=device)
+        needed[self.owner, torch.arange(n * k, device=device) // k] = True
+        self.token_splits = needed.sum(1).cpu()
+        self.sent_tokens = needed.nonzero()[:, 1]  # rank-major, increasing token within a rank
+        # Where (rank, token) sits among the sent tokens (-1: not sent).
+        self.position = torch.full((world, n), -1, dtype=torch.int64, device=device)
+        self.position[needed] = torch.arange(self.sent_tokens.numel(), device=device)
 
 
-def _gather_counts(table: torch.Tensor, counts: torch.Tensor, experts: int, comm: Comm) -> torch.Tensor:
+def _gather_payload(table: torch.Tensor, payload: torch.Tensor, words: int, comm: Comm) -> torch.Tensor:
+    """[W, words]: every rank's payload (the first message's part, then further messages)."""
     start = _HEADER_WORDS + _TEXT_WORDS
-    first = min(experts, _COUNT_WORDS)
+    first = min(words, _PAYLOAD_WORDS)
     pieces = [table[:, start:start + first]]
     done = first
-    while done < experts:  # only for E > _COUNT_WORDS; every rank agrees on E by now
-        chunk = counts[done:done + _MESSAGE_WORDS]
+    while done < words:  # only for E + W > _PAYLOAD_WORDS; every rank agrees on E and W by now
+        chunk = payload[done:done + _MESSAGE_WORDS]
         message = torch.zeros(_MESSAGE_WORDS, dtype=torch.int64)
         message[:chunk.numel()] = chunk
         more = comm.all_gather_fixed(message.to(comm.meta_device()), "counts exchange (all_gather)").cpu()
@@ -341,10 +361,13 @@ def _segments(lengths: torch.Tensor, starts: torch.Tensor, total: int, device) -
     return shift + torch.arange(total, device=device)
 
 
-def _plan(comm: Comm, x, expert_idx, routed, counts: torch.Tensor, experts: int, capacity: Optional[int],
-          numerics: str) -> DispatchHandle:
+def _plan(comm: Comm, x, expert_idx, routing: _LocalRouting, counts: torch.Tensor, token_splits: torch.Tensor,
+          capacity: Optional[int], numerics: str) -> DispatchHandle:
+    """Every index the exchanges need. counts [W, E]: every rank's pairs per expert;
+    token_splits [W, W]: tokens rank s sends rank d."""
     world, rank = comm.world, comm.rank
-    local = experts // world
+    local = counts.shape[1] // world
+    experts = counts.shape[1]
     n, k = expert_idx.shape
     hidden = x.shape[1]
     device = x.device
@@ -360,30 +383,31 @@ def _plan(comm: Comm, x, expert_idx, routed, counts: torch.Tensor, experts: int,
     h.expert_capacity, h.numerics, h.num_tokens = capacity, numerics, n
     h.expert_idx = expert_idx
     h.counts = counts
-    mine = keep[:, rank * local:(rank + 1) * local]  # [W, E/W] rows I receive, per source and expert
+    mine = keep[:, rank * local:(rank + 1) * local]  # [W, E/W] pairs I receive, per source and expert
     h.tokens_per_local_expert = mine.sum(0)
+    # Pair rows (the combine forward, the dispatch backward): kept pairs, per destination.
     h.send_splits = keep[rank].view(world, local).sum(1).tolist()
     h.recv_splits = mine.sum(1).tolist()
+    # Token rows (the dispatch forward, the combine backward): a token once per destination.
+    h.token_send_splits = token_splits[rank].tolist()
+    h.token_recv_splits = token_splits[:, rank].tolist()
+    h.sent_tokens = routing.sent_tokens
 
-    # Token side.
+    # Token side: this rank's kept pairs in send order (destination, expert, token, choice).
     pairs = n * k
-    expanded_row_idx = routed[1]
-    pair_of_row = torch.empty(pairs, dtype=torch.int64, device=device)
-    pair_of_row[expanded_row_idx.long()] = torch.arange(pairs, device=device)
     kept = int(keep[rank].sum())
-    if kept == pairs:
-        h.local_index = expanded_row_idx
-        h.kept_pairs = pair_of_row
-    else:
-        mine_counts = counts[rank]
-        h.kept_rows = _segments(keep[rank], torch.cumsum(mine_counts, 0) - mine_counts, kept, device)
-        position = torch.full((pairs,), -1, dtype=torch.int64, device=device)
-        position[h.kept_rows] = torch.arange(kept, device=device)
-        h.local_index = position[expanded_row_idx.long()].to(torch.int32)
-        h.kept_pairs = pair_of_row[h.kept_rows]
-    h.kept_tokens = torch.div(h.kept_pairs, k, rounding_mode="floor")
+    mine_counts = counts[rank]
+    kept_rows = _segments(keep[rank], torch.cumsum(mine_counts, 0) - mine_counts, kept, device)
+    position = torch.full((pairs,), -1, dtype=torch.int64, device=device)
+    position[kept_rows] = torch.arange(kept, device=device)
+    h.local_index = position[routing.expanded_row_idx.long()].to(torch.int32)
+    h.kept_pairs = routing.order[kept_rows]
+    # Where each kept pair's grad_scales comes back: row (destination, token) of the sent tokens.
+    kept_tokens = torch.div(h.kept_pairs, k, rounding_mode="floor")
+    h.scales_back = routing.position[routing.owner[h.kept_pairs], kept_tokens] * k + h.kept_pairs % k
 
-    # Owner side: received blocks come source-major, (s, j) for local expert j.
+    # Owner side. Received pairs are numbered source-major, then local expert, then (token,
+    # choice): m. owner_index[m] is its row (dropless) or slot (capacity) of recv_x.
     received = int(mine.sum())
     block_len = mine.reshape(-1)
     before_source = torch.cumsum(mine, 0) - mine
@@ -391,40 +415,78 @@ def _plan(comm: Comm, x, expert_idx, routed, counts: torch.Tensor, experts: int,
         totals = mine.sum(0)
         base = torch.cumsum(totals, 0) - totals
         h.recv_shape = (received, hidden)
-        h.owner_identity = world == 1 or local == 1
     else:
         base = torch.arange(local, dtype=torch.int64) * capacity
         h.recv_shape = (local, capacity, hidden)
     h.owner_index = _segments(block_len, (base.unsqueeze(0) + before_source).reshape(-1), received, device)
-    h.owner_index32 = h.owner_index.to(torch.int32)
-    if not h.owner_identity:
-        # recv_x's row r is received row owner_gather[r]; unfilled capacity slots read row
-        # `received`, a zero row after the received ones.
-        slots = received if capacity is None else local * capacity
-        h.owner_gather = torch.full((slots,), received, dtype=torch.int64, device=device)
-        h.owner_gather[h.owner_index] = torch.arange(received, device=device)
-    experts_of_blocks = torch.arange(local, dtype=torch.int32).repeat(world).to(device)
-    h.owner_experts = torch.repeat_interleave(experts_of_blocks, block_len.to(device),
-                                              output_size=received).view(received, 1)
+    slots = received if capacity is None else local * capacity
+    owner_gather = torch.full((slots,), received, dtype=torch.int64, device=device)
+    owner_gather[h.owner_index] = torch.arange(received, device=device)
+    h.owner_gather = owner_gather
+
+    h.owner_block_len = block_len
     return h
+
+
+def _exchange_tokens(comm: Comm, x: torch.Tensor, expert_idx: torch.Tensor, h: DispatchHandle) -> torch.Tensor:
+    """Sends each needed token's row with its K expert ids appended (one all-to-all: the ids are
+    what the owner needs to find its pairs) and completes the owner's indices from the ids that
+    arrive. Returns the received rows [received tokens + 1, H] (a strided view of a staging
+    buffer; the last row zero, for unfilled capacity slots)."""
+    dtype, device = x.dtype, x.device
+    k, hidden = h.top_k, h.hidden
+    row_bytes = -(-hidden * dtype.itemsize // 8) * 8  # the ids start 8-byte aligned
+    width = row_bytes + -(-4 * k // 8) * 8
+    sent = h.sent_tokens.numel()
+    send = staging(0, (sent, width), torch.uint8, device)
+    torch.index_select(x.detach(), 0, h.sent_tokens, out=send[:, :row_bytes].view(dtype)[:, :hidden])
+    send[:, row_bytes:row_bytes + 4 * k].view(torch.int32).copy_(expert_idx.index_select(0, h.sent_tokens))
+    tokens_in = sum(h.token_recv_splits)
+    recv = staging(1, (tokens_in + 1, width), torch.uint8, device)
+    recv[tokens_in].zero_()
+    comm.all_to_all_rows(send, h.token_recv_splits, h.token_send_splits, "token rows exchange (all_to_all)",
+                         out=recv[:tokens_in])
+    ids = recv[:tokens_in, row_bytes:row_bytes + 4 * k].contiguous().view(torch.int32)
+    _owner_pairs(h, ids)
+    return recv[:, :row_bytes].view(dtype)[:, :hidden]
+
+
+def _owner_pairs(h: DispatchHandle, ids: torch.Tensor) -> None:
+    """From the received tokens' expert ids: which (token, choice) is received pair m (this rank's
+    expert, kept: the first of each (source, expert) up to its kept count)."""
+    comm, k, local = h.comm, h.top_k, h.local_experts
+    device = ids.device
+    tokens_in = ids.shape[0]
+    h.received_tokens = tokens_in
+    flat = ids.reshape(-1).long()
+    source = torch.repeat_interleave(torch.arange(comm.world, device=device),
+                                     torch.tensor(h.token_recv_splits, device=device), output_size=tokens_in)
+    is_mine = (flat >= h.first_expert) & (flat < h.first_expert + local)
+    others = comm.world * local
+    group = torch.where(is_mine, source.repeat_interleave(k) * local + flat - h.first_expert, others)
+    order = torch.argsort(group, stable=True)  # (source, expert, token, choice); other ranks' last
+    sorted_group = group[order]
+    group_size = torch.bincount(group, minlength=others + 1)
+    group_start = torch.cumsum(group_size, 0) - group_size
+    rank_in_group = torch.arange(order.numel(), device=device) - group_start[sorted_group]
+    room = torch.cat([h.owner_block_len, torch.zeros(1, dtype=torch.int64)]).to(device)
+    pair_of_m = order[rank_in_group < room[sorted_group]]  # the (token, choice) of received pair m
+    # recv_x row r copies received token row expand[r]; an unfilled capacity slot the zero row.
+    token_of_m = torch.cat([torch.div(pair_of_m, k, rounding_mode="floor"),
+                            torch.full((1,), tokens_in, dtype=torch.int64, device=device)])
+    h.expand = token_of_m[h.owner_gather]
+    # The combine backward's index on the received tokens: (token, choice) -> recv_x row or slot,
+    # -1 for other ranks' experts and dropped pairs; and the local expert ids (0 where -1).
+    h.owner_pair_index = torch.full((tokens_in * k,), -1, dtype=torch.int32, device=device)
+    h.owner_pair_index[pair_of_m] = h.owner_index.to(torch.int32)
+    h.owner_pair_experts = torch.where(is_mine, flat - h.first_expert, 0).to(torch.int32).view(tokens_in, k)
 
 
 class _Dispatch(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, sorted_rows, h: DispatchHandle):
+    def forward(ctx, x, received_tokens, h: DispatchHandle):
         ctx.handle = h
-        send = sorted_rows
-        if h.kept_rows is not None:
-            send = torch.index_select(sorted_rows, 0, h.kept_rows,
-                                      out=staging(1, (h.kept_rows_count, h.hidden), x.dtype, x.device))
-        step = "rows exchange (all_to_all)"
-        if h.owner_identity:
-            return h.comm.all_to_all_rows(send, h.recv_splits, h.send_splits, step)
-        received = h.received_rows
-        recv = staging(2, (received + 1, h.hidden), x.dtype, x.device)
-        recv[received].zero_()
-        h.comm.all_to_all_rows(send, h.recv_splits, h.send_splits, step, out=recv[:received])
-        return recv.index_select(0, h.owner_gather).view(h.recv_shape)
+        return received_tokens.index_select(0, h.expand).view(h.recv_shape)
 
     @staticmethod
     def backward(ctx, grad):
@@ -432,8 +494,8 @@ class _Dispatch(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         grad = grad.contiguous().view(-1, h.hidden)
-        send = grad if h.owner_identity else torch.index_select(
-            grad, 0, h.owner_index, out=staging(0, (h.received_rows, h.hidden), grad.dtype, grad.device))
+        send = torch.index_select(grad, 0, h.owner_index,
+                                  out=staging(0, (h.received_rows, h.hidden), grad.dtype, grad.device))
         rows = h.comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange backward (all_to_all)",
                                       out=staging(1, (h.kept_rows_count, h.hidden), grad.dtype, grad.device))
         if h.expert_capacity is None:
@@ -541,8 +603,8 @@ class _Combine(torch.autograd.Function):
         ctx.handle, ctx.comm, ctx.numerics, ctx.needs = h, comm, numerics, needs
         rows_out = expert_out.contiguous().view(-1, h.hidden)
         dtype, device = rows_out.dtype, rows_out.device
-        send = rows_out if h.owner_identity else torch.index_select(
-            rows_out, 0, h.owner_index, out=staging(0, (h.received_rows, h.hidden), dtype, device))
+        send = torch.index_select(rows_out, 0, h.owner_index,
+                                  out=staging(0, (h.received_rows, h.hidden), dtype, device))
         rows = comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange (all_to_all)",
                                     out=staging(1, (h.kept_rows_count, h.hidden), dtype, device))
         y = _finalize(rows, h.local_index, x1, x2, bias, scales, h.expert_idx, None, None, None, None, 2, None, None,
@@ -564,32 +626,32 @@ class _Combine(torch.autograd.Function):
             grads[3] = grad_y
         if not (need_rows or need_scales or need_bias):
             return tuple(grads)
-        # Every kept pair's grad_y row (and scale) to its expert's owner, in dispatch order.
+        # Each token's grad_y row (and its K scales) once to each rank owning one of its experts.
         dtype, device = grad_y.dtype, grad_y.device
-        pair_rows = torch.index_select(grad_y, 0, h.kept_tokens,
-                                       out=staging(0, (h.kept_rows_count, h.hidden), dtype, device))
-        pair_rows, rows_work = comm.all_to_all_rows(
-            pair_rows, h.recv_splits, h.send_splits, "gradient rows exchange (all_to_all)", async_op=True,
-            out=staging(1, (h.received_rows, h.hidden), dtype, device))
-        pair_scales = None
+        sent = h.sent_tokens.numel()
+        token_rows = torch.index_select(grad_y, 0, h.sent_tokens, out=staging(0, (sent, h.hidden), dtype, device))
+        token_rows, rows_work = comm.all_to_all_rows(
+            token_rows, h.token_recv_splits, h.token_send_splits, "gradient rows exchange (all_to_all)",
+            async_op=True, out=staging(1, (h.received_tokens, h.hidden), dtype, device))
+        token_scales = None
         if scales is not None:
-            pair_scales = scales.reshape(-1).index_select(0, h.kept_pairs).view(-1, 1)
-            pair_scales, scales_work = comm.all_to_all_rows(pair_scales, h.recv_splits, h.send_splits,
-                                                            "scales exchange (all_to_all)", async_op=True)
+            token_scales, scales_work = comm.all_to_all_rows(
+                scales.index_select(0, h.sent_tokens), h.token_recv_splits, h.token_send_splits,
+                "scales exchange (all_to_all)", async_op=True)
             comm.wait("scales exchange (all_to_all)", scales_work)
         comm.wait("gradient rows exchange (all_to_all)", rows_work)
         local_bias = None
         if bias is not None and (need_bias or need_scales):
             local_bias = bias[h.first_expert:h.first_expert + h.local_experts].contiguous()
-        grad_rows, grad_pair_scales, grad_local_bias = _owner_grad(h, pair_rows, pair_scales, expert_out, local_bias,
-                                                                   need_scales, need_bias, ctx.numerics)
+        grad_rows, grad_token_scales, grad_local_bias = _owner_grad(
+            h, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias, ctx.numerics)
         if need_rows:
             grads[0] = grad_rows.view(expert_out.shape)
         if need_scales:
-            back = comm.all_to_all_rows(grad_pair_scales, h.send_splits, h.recv_splits,
+            back = comm.all_to_all_rows(grad_token_scales, h.token_send_splits, h.token_recv_splits,
                                         "grad_scales exchange (all_to_all)")
             grad_scales = torch.zeros(h.num_tokens * h.top_k, dtype=scales.dtype, device=scales.device)
-            grad_scales.index_copy_(0, h.kept_pairs, back.view(-1))
+            grad_scales[h.kept_pairs] = back.view(-1)[h.scales_back]
             grads[1] = grad_scales.view(h.num_tokens, h.top_k)
         if need_bias:
             grads[4] = comm.all_gather_rows(grad_local_bias, [h.local_experts] * comm.world,
@@ -597,23 +659,24 @@ class _Combine(torch.autograd.Function):
         return tuple(grads)
 
 
-def _owner_grad(h: DispatchHandle, pair_rows, pair_scales, expert_out, local_bias, need_scales, need_bias,
+def _owner_grad(h: DispatchHandle, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias,
                 numerics):
-    """moe_finalize_routing_grad on the owner, each received pair its own token (K = 1): the
-    gradient rows in recv_x's layout, each pair's grad_scales term, the local experts' grad_bias."""
-    received = pair_rows.shape[0]
-    if received == 0:  # no pair: zero rows, no grad_scales, a zero bias gradient (+0 for no pair)
-        zeros_bias = pair_rows.new_zeros((h.local_experts, h.hidden)) if need_bias else None
-        return pair_rows.new_zeros(h.recv_shape), pair_rows.new_zeros((0, 1), dtype=_scales_dtype(pair_scales)), \
-            zeros_bias
-    capacity = h.expert_capacity
-    mode, experts, slots = (0, 0, 0) if capacity is None else (1, h.local_experts, capacity)
+    """moe_finalize_routing_grad on the owner over the received tokens, their pairs of other
+    ranks' experts and dropped pairs -1: the gradient rows in recv_x's layout, every received
+    (token, choice)'s grad_scales (0 where -1), the local experts' grad_bias."""
+    tokens, k = token_rows.shape[0], h.top_k
+    received = h.received_rows
+    scales_dtype = token_scales.dtype if token_scales is not None else token_rows.dtype
+    if received == 0:  # no pair: zero rows, zero grad_scales, a zero bias gradient (+0 for no pair)
+        zeros_bias = token_rows.new_zeros((h.local_experts, h.hidden)) if need_bias else None
+        return token_rows.new_zeros(h.recv_shape), token_rows.new_zeros((tokens, k), dtype=scales_dtype), zeros_bias
+    if h.expert_capacity is None:
+        # Dropless: grad_expanded_x has `received` rows (active_num, when fewer than tokens*K).
+        mode, active, experts, slots = 0, received if received < tokens * k else 0, 0, 0
+    else:
+        mode, active, experts, slots = 1, 0, h.local_experts, h.expert_capacity
     grad_rows, grad_scales, grad_bias = _finalize_grad(
-        pair_rows, h.owner_index32, expert_out.contiguous() if need_scales else None, pair_scales,
-        h.owner_experts if local_bias is not None else None, local_bias, mode, 0, experts, slots,
+        token_rows, h.owner_pair_index, expert_out.contiguous() if need_scales else None, token_scales,
+        h.owner_pair_experts if local_bias is not None else None, local_bias, mode, active, experts, slots,
         numerics=numerics, compute_grad_scales=need_scales, compute_grad_bias=need_bias)
     return grad_rows, grad_scales, grad_bias
-
-
-def _scales_dtype(pair_scales):
-    return pair_scales.dtype if pair_scales is not None else torch.float32
