@@ -141,6 +141,9 @@ demo: build python
 	@echo
 	@echo "== a whole MoE layer (moe_init_routing -> experts -> moe_finalize_routing) trained vs plain PyTorch"
 	$(VENV_PY) examples/python/tiny_moe.py
+	@echo
+	@echo "== expert parallelism: the layer trained on 2 ranks (gloo, 127.0.0.1) vs one process (docs/distributed.md)"
+	$(VENV_PY) examples/python/ep_moe.py
 
 # Source style (.clang-format): `make format` applies it, `make format-check` (part of make test)
 # fails naming every file that differs.

@@ -13,8 +13,10 @@
 #      tools/cases/model_shapes.h (deepseek-v3: H 7168, E 256, K 8; qwen3-235b: 4096, 128, 8;
 #      qwen3-30b: 2048, 128, 8; mixtral: 4096, 8, 2), in GB/s against a device-to-device
 #      cudaMemcpy measured in the same run;
-#   4. if python3 imports torch with CUDA: PyTorch eager baselines at the same shapes, and the torch
-#      operators built against that torch (CUDA tensors vs CPU tensors, bit for bit, and timed);
+#   4. if python3 imports torch with CUDA: PyTorch eager baselines at the same shapes, the torch
+#      operators built against that torch (CUDA tensors vs CPU tensors, bit for bit, and timed),
+#      and expert parallelism (moe_routing.distributed) on CUDA tensors with a world-1 NCCL group
+#      (tools/gpu_check_ep.py: dispatch / combine forward and backward vs the CPU, bit for bit);
 #   5. prints a short table last.
 #
 # Environment: GPU_CHECK_BUILD_DIR (default build-gpu-check), GPU_CHECK_SKIP_TORCH_EXT=1 to skip the
@@ -171,6 +173,16 @@ if [ -n "$copy_gbps" ] && "$python" -c "import torch, sys; sys.exit(0 if torch.c
     ext=$(find "$ext_build" -name '_moe_routing_ops*.so' | head -1)
     "$python" "$root/tools/gpu_check.py" --copy-gbps "$copy_gbps" --results "$results" --ext "$ext" ||
       fail "torch operators on CUDA (tools/gpu_check.py --ext)"
+    # moe_routing.distributed is pure Python over the operators: the package's sources next to
+    # the library just built make an importable moe_routing with CUDA.
+    say "expert parallelism on CUDA tensors, world 1 NCCL (tools/gpu_check_ep.py, docs/distributed.md)"
+    ep_package=$build/ep-package
+    rm -rf "$ep_package" && mkdir -p "$ep_package/moe_routing" &&
+      cp "$root"/python/moe_routing/*.py "$ep_package/moe_routing/" &&
+      cp -r "$root/python/moe_routing/distributed" "$ep_package/moe_routing/" &&
+      cp "$ext" "$ep_package/moe_routing/" &&
+      PYTHONPATH=$ep_package timeout 300 "$python" "$root/tools/gpu_check_ep.py" ||
+      fail "expert parallelism on CUDA with NCCL (tools/gpu_check_ep.py)"
   elif [ -n "$ext_pid" ]; then
     echo "gpu_check: the torch extension did not build here within 200 s (logs: $ext_build.*.log); skipped"
     tail -5 "$ext_build.configure.log" "$ext_build.build.log" 2>/dev/null

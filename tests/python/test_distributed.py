@@ -1,0 +1,160 @@
+"""moe_routing.distributed across real processes: gloo on 127.0.0.1, the processes spawned here
+(ep.run_local, bounded timeouts), one launch per world size running every scenario
+(tests/python/ep_cases.py). Forward, every gradient and a few training steps of
+ExpertParallelMoE must equal the single-device computation of the global batch bit for bit;
+mismatched arguments must raise the same ValueError on every rank, and a rank that does not take
+part must surface as a RuntimeError naming the operation and the rank."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import ep_cases
+from ep_cases import ep_moe
+import moe_routing.distributed as ep
+from ep_cases import case
+
+TOKENS = {1: [9], 2: [7, 0], 4: [5, 0, 9, 2]}
+FIRST_EMPTY = {2: [0, 9], 4: [0, 6, 3, 0]}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _bitwise_specs(world: int):
+    tokens = TOKENS[world]
+    specs = []
+    for name, dtype in DTYPES.items():
+        specs.append(case(f"{name}_dropless", tokens, dtype=dtype))
+        specs.append(case(f"{name}_capacity", tokens, dtype=dtype, capacity=3))
+    specs += [
+        case("ascend_950_float16_capacity", tokens, dtype=torch.float16, capacity=2, numerics="ascend_950"),
+        case("ascend_950_bfloat16", tokens, dtype=torch.bfloat16, numerics="ascend_950"),
+        case("bfloat16_float32_scales", tokens, dtype=torch.bfloat16, scales="float32", capacity=4),
+        case("no_scales_bias_x1", tokens, scales=None, bias=False, x1=False),
+        case("x1_x2_no_bias", tokens, dtype=torch.float16, x2=True, bias=False),
+        case("top3_h33", tokens, dtype=torch.float16, top_k=3, hidden=33, experts=4 * world),
+        case("capacity_1", tokens, capacity=1),
+        case("repeated_choices", tokens, dtype=torch.bfloat16, top_k=4, repeats=True),
+        case("repeated_choices_capacity", tokens, top_k=4, repeats=True, capacity=2),
+        case("capacity_everything", tokens, dtype=torch.bfloat16, capacity=sum(tokens)),
+        # More experts than the first counts message holds (the continuation messages).
+        case("many_experts", tokens, experts=448, top_k=3, capacity=2),
+    ]
+    if world > 1:
+        local = specs[0]["experts"] // world
+        block = tuple(range(local, 2 * local))  # rank 1's experts: it receives nothing
+        specs += [case("first_rank_empty", FIRST_EMPTY[world], dtype=torch.float16, capacity=3),
+                  case("rank_receives_nothing", tokens, unused_experts=block),
+                  case("rank_receives_nothing_capacity", tokens, dtype=torch.bfloat16, capacity=2,
+                       unused_experts=block)]
+    else:
+        specs.append(case("empty_batch", [0]))
+    return specs
+
+
+def _training_configs(world: int):
+    configs = []
+    for name, dtype, capacity in (("float32", torch.float32, None), ("bfloat16", torch.bfloat16, None),
+                                  ("float32_capacity", torch.float32, 3)):
+        cfg = ep_moe.config(TOKENS[world], hidden=16, ffn=24, experts=max(4, 2 * world), capacity=capacity,
+                            dtype=dtype, steps=3)
+        cfg["name"] = name
+        configs.append(cfg)
+    return configs
+
+
+def _plan(world: int) -> dict:
+    plan = {"bitwise": _bitwise_specs(world), "training": _training_configs(world), "mismatches": world > 1}
+    if world == 2:
+        data_parallel = case("data_parallel", [6, 5], experts=4)
+        data_parallel["ffn"] = 24
+        plan["data_parallel"] = data_parallel
+        plan["timeouts"] = 1.0
+    return plan
+
+
+@functools.lru_cache(maxsize=None)
+def _launch(world: int):
+    return ep.run_local(ep_cases.run_world, world, _plan(world), timeout=240, collective_timeout=60)
+
+
+def _cases(part: str):
+    return [(world, spec["name"]) for world in TOKENS for spec in _plan(world).get(part, [])]
+
+
+@pytest.mark.parametrize("world,name", _cases("bitwise") + [(w, "all_to_all") for w in TOKENS])
+def test_dispatch_combine_bitwise(world, name):
+    """recv_x (the single-device expanded_x rows of this rank's experts), tokens_per_local_expert,
+    y and the gradients of x, scales, x1, x2, bias (the whole, global one) and the experts'
+    parameters on every rank."""
+    for rank, results in enumerate(_launch(world)):
+        assert results["bitwise"][name] == "ok", f"world {world}, rank {rank}: {results['bitwise'][name]}"
+
+
+@pytest.mark.parametrize("world,name", _cases("training"))
+def test_training_bitwise(world, name):
+    """Three SGD steps of ExpertParallelMoE (deterministic router) on `world` ranks: losses,
+    outputs and every parameter's gradient equal the single-process layer's."""
+    for rank, results in enumerate(_launch(world)):
+        assert results["training"][name] == "ok", f"world {world}, rank {rank}: {results['training'][name]}"
+
+
+MISMATCHES = {
+    "num_experts": "num_experts must be the same on every rank",
+    "hidden": "the hidden size H (x.size(1)) must be the same on every rank",
+    "top_k": "the top-k K (expert_idx.size(1)) must be the same on every rank",
+    "dtype": "the dtype of x must be the same on every rank",
+    "capacity": "expert_capacity must be the same on every rank",
+    "numerics": "numerics must be the same on every rank",
+    "expert_id": "expert_idx values must be in [0, num_experts)",
+    "x_dtype": "x must be a 2-D float32, float16 or bfloat16 tensor",
+    "divisible": "num_experts must be divisible by the world size",
+    "requires_grad": "x.requires_grad (with grad mode) must be the same on every rank",
+    "expert_out_shape": "expert_out must be float32",
+    "scales_presence": "whether scales is given, and its dtype must be the same on every rank",
+    "scales_shape": "scales must be float32 [N, K]",
+    "operation": "every rank must call the same operation at the same time",
+}
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("name", sorted(MISMATCHES))
+def test_mismatch_raises_the_same_error_everywhere(world, name):
+    messages = [results["mismatches"][name] for results in _launch(world)]
+    assert all(m == messages[0] for m in messages), f"ranks raised different errors: {messages}"
+    assert messages[0].startswith("ValueError: moe_routing.distributed"), messages[0]
+    assert MISMATCHES[name] in messages[0], messages[0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_group_usable_after_mismatches(world):
+    assert all(results["mismatches"]["still_works"] == "ok" for results in _launch(world))
+
+
+@pytest.mark.parametrize("operation", ["dispatch", "combine"])
+def test_peer_not_taking_part_times_out(operation):
+    """Rank 1 skips the call: rank 0 gets a RuntimeError naming the operation and itself, after
+    the group's 1 s timeout, instead of hanging."""
+    message = _launch(2)[0]["timeouts"][operation]
+    assert message.startswith(f"RuntimeError: moe_routing.distributed.{operation}: rank 0 of 2"), message
+    assert "timed out" in message.lower(), message
+    seconds = float(message.rsplit("(after ", 1)[1].split(" s)")[0])
+    assert seconds < 10, message
+
+
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])
+def test_router_under_data_parallel(wrapper):
+    """deterministic=False with the router in DDP (summing hook) or FSDP (fully_shard; its average
+    times W): gradients agree with the single-process layer to rounding and the router's
+    is the same on every rank."""
+    for rank, results in enumerate(_launch(2)):
+        assert results["data_parallel"][wrapper] == "ok", f"rank {rank}: {results['data_parallel'][wrapper]}"
+
+
+@pytest.mark.parametrize("spec", [case("dropless", [7]), case("capacity", [7], capacity=2, dtype=torch.bfloat16)],
+                         ids=lambda s: s["name"])
+def test_world_of_one_without_torch_distributed(spec):
+    """Without an initialised process group dispatch / combine run as a world of one."""
+    assert not torch.distributed.is_initialized()
+    assert ep_cases.compare(spec, 0, 1) == "ok"
