@@ -27,6 +27,13 @@ bool advise_huge_pages(void* data, int64_t bytes) {
   const uintptr_t lo = (begin + kHugePage - 1) & ~(kHugePage - 1);
   const uintptr_t hi = (begin + uintptr_t(bytes)) & ~(kHugePage - 1);
   if (hi <= lo) return false;
+  // Memory the allocator reused (its pages already in memory; glibc serves sizes under 32 MiB
+  // from its heap once one was freed) faults no more: advice there would only split the mapping
+  // under the process's memory-map lock and have khugepaged copy the pages into huge ones later,
+  // which made a 128-token Qwen3-235B forward 45 % slower. The interior's first page tells.
+  unsigned char resident = 0;
+  if (::mincore(reinterpret_cast<void*>(lo), 1, &resident) != 0 || (resident & 1) != 0)
+    return false;
   return ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_HUGEPAGE) == 0;
 #else
   (void)data, (void)bytes;

@@ -27,7 +27,8 @@ bool huge_pages_enabled();
 constexpr int64_t kHugePageAdviceMinBytes = int64_t(4) << 20;
 
 /// Asks the OS for transparent huge pages (madvise MADV_HUGEPAGE) for the 2 MiB-aligned interior
-/// of [data, data + bytes), if huge_pages_enabled() and bytes >= kHugePageAdviceMinBytes. For
+/// of [data, data + bytes), if huge_pages_enabled(), bytes >= kHugePageAdviceMinBytes and the
+/// interior is not in memory yet (its first page, mincore: reused memory gains nothing). For
 /// the buffers a front end has just allocated for a call's outputs and nobody has written yet:
 /// the interior's pages belong to that buffer alone, and the advice takes effect as they are
 /// first touched - one fault and one zeroing per 2 MiB instead of 512 faults of 4 KiB. A fresh

@@ -17,6 +17,7 @@
 
 #include "cases/finalize_cases.h"
 #include "cases/grad_cases.h"
+#include "cases/mappings.h"
 #include "routing_cases.h"
 #include "test_util.h"
 
@@ -86,25 +87,14 @@ FloatBuffer copy_of(const void* data, DType dtype, int64_t count) {
   return b;
 }
 
-/// The VmFlags line of the mapping of /proc/self/smaps that holds `address` ("" if none).
-std::string vm_flags(const void* address) {
-  std::ifstream smaps("/proc/self/smaps");
-  const uintptr_t at = reinterpret_cast<uintptr_t>(address);
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    unsigned long long lo = 0, hi = 0;
-    char dash = 0;
-    std::istringstream header(line);
-    if (header >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' '))
-      inside = lo <= at && at < hi;
-    else if (inside && line.rfind("VmFlags:", 0) == 0)
-      return line;
-  }
-  return "";
-}
+/// The VmFlags of the mapping that holds `address`, and whether they hold "hg" (MADV_HUGEPAGE).
+std::string vm_flags(const void* address) { return testing::smaps_field(address, "VmFlags"); }
 bool advised_huge(const void* address) {
-  return vm_flags(address).find(" hg") != std::string::npos;
+  std::istringstream flags(vm_flags(address));
+  std::string flag;
+  while (flags >> flag)
+    if (flag == "hg") return true;
+  return false;
 }
 
 /// Sets MOE_ROUTING_HUGE_PAGES for a scope (unset: the default), restoring it after.
@@ -149,6 +139,11 @@ TEST(MemoryHints, HugePageAdviceCoversTheAlignedInteriorOfLargeBuffersOnly) {
     EXPECT_FALSE(advised_huge(interior - 1)) << vm_flags(interior - 1);
     EXPECT_FALSE(advised_huge(interior + 3 * huge)) << vm_flags(interior + 3 * huge);
     EXPECT_TRUE(unfaulted(data, size_t(9) << 20));  // the advice touches nothing
+    // Memory already written (an allocator's reused heap) gets none: it faults no more.
+    FreshMapping written(size_t(9) << 20);
+    std::memset(written.data(), 1, size_t(9) << 20);
+    EXPECT_FALSE(detail::advise_huge_pages(written.data(), int64_t(9) << 20));
+    EXPECT_FALSE(advised_huge(written.data() + huge)) << vm_flags(written.data() + huge);
     // Below kHugePageAdviceMinBytes: no advice.
     FreshMapping small(size_t(detail::kHugePageAdviceMinBytes) - 1);
     EXPECT_FALSE(detail::advise_huge_pages(small.data(), detail::kHugePageAdviceMinBytes - 1));

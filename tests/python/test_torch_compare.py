@@ -48,11 +48,12 @@ def test_every_timed_call_starts_from_the_same_state_and_runs_are_interleaved(mo
     assert tc.start_state(1 << 30, no_scrub=True) is None
 
 
-def in_this_process_env():
-    """The environment of a run of one THP setting in the script's own process (THP default)."""
+def run_script(*args):
+    """The script run with `args`, under the machine's THP setting (THP_MEM_ALLOC_ENABLE unset), so
+    that `--thp default` runs in the script's own process."""
     env = dict(os.environ)
     env.pop("THP_MEM_ALLOC_ENABLE", None)
-    return env
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, env=env)
 
 
 def assert_row_measured(r):
@@ -64,9 +65,7 @@ def assert_row_measured(r):
 
 def test_small_sweep_prints_and_writes_every_row(tmp_path):
     out = tmp_path / "tc.csv"
-    done = subprocess.run([sys.executable, SCRIPT, "--shapes", "mixtral", "--tokens", "1,3", "--runs", "1",
-                           "--thp", "default", "--csv", str(out)], capture_output=True, text=True, cwd=ROOT,
-                          env=in_this_process_env())
+    done = run_script("--shapes", "mixtral", "--tokens", "1,3", "--runs", "1", "--thp", "default", "--csv", str(out))
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(open(out)))
     ops = ["forward", "backward", "combine", "combine_backward"]
@@ -85,9 +84,7 @@ def test_both_thp_settings_each_in_a_process_of_its_own(tmp_path):
     # --thp default,1: one child per setting (PyTorch reads THP_MEM_ALLOC_ENABLE once), merged into
     # one line per row with the functional columns of each setting.
     out = tmp_path / "tc.csv"
-    done = subprocess.run([sys.executable, SCRIPT, "--shapes", "mixtral", "--tokens", "2", "--runs", "1",
-                           "--ops", "dispatch", "--csv", str(out)], capture_output=True, text=True, cwd=ROOT,
-                          env=in_this_process_env())
+    done = run_script("--shapes", "mixtral", "--tokens", "2", "--runs", "1", "--ops", "dispatch", "--csv", str(out))
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(open(out)))
     assert [(r["thp"], r["op"]) for r in rows] == [(t, op) for t in ("default", "1") for op in ("forward", "backward")]
@@ -96,18 +93,17 @@ def test_both_thp_settings_each_in_a_process_of_its_own(tmp_path):
     assert "(THP default)" in done.stderr and "(THP 1)" in done.stderr
     table = [line for line in done.stdout.splitlines() if line.startswith(("forward", "backward"))]
     assert len(table) == 2 and all(line.count("|") == 4 for line in table)
-    done = subprocess.run([sys.executable, SCRIPT, "--thp", "2"], capture_output=True, text=True, cwd=ROOT)
+    done = run_script("--thp", "2")
     assert done.returncode == 2 and "--thp: unknown setting '2'" in done.stderr
 
 
 def test_combine_rows_alone_and_unknown_ops(tmp_path):
     out = tmp_path / "tc.csv"
-    done = subprocess.run([sys.executable, SCRIPT, "--shapes", "qwen3-30b", "--tokens", "2", "--runs", "1",
-                           "--ops", "combine", "--thp", "default", "--csv", str(out)], capture_output=True,
-                          text=True, cwd=ROOT, env=in_this_process_env())
+    done = run_script("--shapes", "qwen3-30b", "--tokens", "2", "--runs", "1", "--ops", "combine", "--thp", "default",
+                      "--csv", str(out))
     assert done.returncode == 0, done.stderr
     assert [r["op"] for r in csv.DictReader(open(out))] == ["combine", "combine_backward"]
-    done = subprocess.run([sys.executable, SCRIPT, "--ops", "unpermute"], capture_output=True, text=True, cwd=ROOT)
+    done = run_script("--ops", "unpermute")
     assert done.returncode == 2 and "--ops: unknown operator 'unpermute'" in done.stderr
 
 

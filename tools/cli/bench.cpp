@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cases/mappings.h"
 #include "cases/model_shapes.h"
 #include "cases/random.h"
 #include "cases/synthetic.h"
@@ -284,22 +285,10 @@ class FirstTouchMeter {
   }
 
  private:
-  /// AnonHugePages of the mapping of /proc/self/smaps that holds `address`, in bytes.
+  /// AnonHugePages ("N kB") of the mapping that holds `address`, in bytes.
   static int64_t anon_huge_bytes(const void* address) {
-    std::ifstream smaps("/proc/self/smaps");
-    const uintptr_t at = reinterpret_cast<uintptr_t>(address);
-    std::string line;
-    bool inside = false;
-    while (std::getline(smaps, line)) {
-      unsigned long long lo = 0, hi = 0;
-      char dash = 0;
-      std::istringstream header(line);
-      if (header >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' '))
-        inside = lo <= at && at < hi;  // a mapping's first line: "lo-hi perms ..."
-      else if (inside && line.rfind("AnonHugePages:", 0) == 0)
-        return std::stoll(line.substr(14)) * 1024;
-    }
-    return 0;
+    const std::string value = cases::smaps_field(address, "AnonHugePages");
+    return value.empty() ? 0 : std::stoll(value) * 1024;
   }
 };
 
