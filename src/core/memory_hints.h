@@ -1,4 +1,5 @@
-// When the kernels write their outputs with non-temporal (cache-bypassing) stores.
+// When the kernels write their outputs with non-temporal (cache-bypassing) stores, and what the
+// library asks of the OS for the output buffers a front end allocates (huge pages).
 #pragma once
 
 #include <cstdint>
@@ -16,5 +17,26 @@ int64_t streaming_store_threshold();
 
 /// Tests only: overrides the threshold (bytes > 0), or restores the default (0).
 void set_streaming_store_threshold_for_testing(int64_t bytes);
+
+/// Whether advise_huge_pages gives advice: on Linux, unless the environment variable
+/// MOE_ROUTING_HUGE_PAGES is "0" (read on every call, so that a process may change it).
+bool huge_pages_enabled();
+
+/// Buffers smaller than this get no huge-page advice: they hold at most one aligned 2 MiB page,
+/// and buffers of such sizes often come from the allocator's reused heap.
+constexpr int64_t kHugePageAdviceMinBytes = int64_t(4) << 20;
+
+/// Asks the OS for transparent huge pages (madvise MADV_HUGEPAGE) for the 2 MiB-aligned interior
+/// of [data, data + bytes), if huge_pages_enabled(), bytes >= kHugePageAdviceMinBytes and the
+/// interior is not in memory yet (its first page, mincore: reused memory gains nothing). For
+/// the buffers a front end has just allocated for a call's outputs and nobody has written yet:
+/// the interior's pages belong to that buffer alone, and the advice takes effect as they are
+/// first touched - one fault and one zeroing per 2 MiB instead of 512 faults of 4 KiB. A fresh
+/// training-size output took several times its kernel's time in 4 KiB faults
+/// (docs/PERFORMANCE.md, "What a training step sees"). The advice changes no value and outlives
+/// the buffer (the allocator may hand the range out again, still advised), as PyTorch's own
+/// THP_MEM_ALLOC_ENABLE does. The OS may refuse it (no THP in the kernel) or ignore it (THP mode
+/// `never`, no huge page free); errors are ignored. Returns whether the OS accepted the advice.
+bool advise_huge_pages(void* data, int64_t bytes);
 
 }  // namespace moe_routing::detail

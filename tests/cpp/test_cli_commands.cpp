@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
@@ -250,7 +251,30 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   std::getline(again, line);
   EXPECT_NE(line.find("copy_gbps"), std::string::npos) << line;
   EXPECT_NE(line.find(",ceiling_fraction_of_copy"), std::string::npos) << line;
+  // The functional calls' columns: into outputs allocated per call, with and without huge pages.
+  std::vector<std::string> header;
+  {
+    std::stringstream names(line);
+    std::string name;
+    while (std::getline(names, name, ',')) header.push_back(name);
+  }
+  const std::vector<std::string> fresh_columns = {"fresh_ms", "fresh_over_out", "fresh_4k_ms",
+                                                  "fresh_4k_over_out"};
+  std::vector<size_t> fresh_at;
+  for (const std::string& name : fresh_columns) {
+    fresh_at.push_back(size_t(std::find(header.begin(), header.end(), name) - header.begin()));
+    ASSERT_LT(fresh_at.back(), header.size()) << name << " missing: " << line;
+  }
+  EXPECT_NE(r.out.find("fresh ms"), std::string::npos) << r.out;
   while (std::getline(again, line)) {
+    std::vector<std::string> values;
+    {
+      std::stringstream cells(line);
+      std::string cell;
+      while (std::getline(cells, cell, ',')) values.push_back(cell);
+    }
+    ASSERT_EQ(values.size(), header.size()) << line;
+    for (size_t at : fresh_at) EXPECT_GT(std::stod(values[at]), 0.0) << header[at] << ": " << line;
     std::stringstream fields(line);
     std::string field;
     for (int f = 0; f <= 12; ++f) std::getline(fields, field, ',');  // the 13th: copy_gbps
@@ -267,8 +291,31 @@ TEST(CliBench, MachineModeReportsBandwidthsAndTheCeilingsTheySet) {
   const CliResult r = run_cli(dir, {"bench", "--machine", "--runs", "1", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* line :
-       {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO"})
+       {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO",
+        "First touch of fresh memory", "4 KiB pages: ms per MiB", "4 KiB pages: us per page fault",
+        "zeroing by a program (memset"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  // The first-touch costs: positive numbers, 2 MiB pages where the kernel has THP in a mode that
+  // gives them to advised memory.
+  std::ifstream thp_file("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string thp;
+  std::getline(thp_file, thp);
+  const bool huge =
+      thp.find("[always]") != std::string::npos || thp.find("[madvise]") != std::string::npos;
+  for (const char* key : {"4 KiB pages: ms per MiB", "2 MiB pages (MADV_HUGEPAGE): ms per MiB",
+                          "zeroing by the OS (2 MiB first touch), GB/s"}) {
+    const size_t at = r.out.find(key);
+    if (!huge && std::string(key).find("2 MiB") != std::string::npos) {
+      EXPECT_EQ(at, std::string::npos) << r.out;
+      continue;
+    }
+    ASSERT_NE(at, std::string::npos) << key << "\n" << r.out;
+    std::stringstream line(r.out.substr(at + std::strlen(key)));
+    double one = 0, two = 0;
+    ASSERT_TRUE(line >> one >> two) << r.out;
+    EXPECT_GT(one, 0.0) << key;
+    EXPECT_GT(two, 0.0) << key;
+  }
   EXPECT_NE(r.out.find("2 threads"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("[bench --machine 1/1]"), std::string::npos) << r.err;
   // One ceiling per operator and top_k, each a percentage in (0, 100].

@@ -48,29 +48,62 @@ def test_every_timed_call_starts_from_the_same_state_and_runs_are_interleaved(mo
     assert tc.start_state(1 << 30, no_scrub=True) is None
 
 
+def run_script(*args):
+    """The script run with `args`, under the machine's THP setting (THP_MEM_ALLOC_ENABLE unset), so
+    that `--thp default` runs in the script's own process."""
+    env = dict(os.environ)
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def assert_row_measured(r):
+    # out= and functional (fresh outputs), ours and PyTorch's, and the paired ratios.
+    for field in ("ours_s", "torch_s", "speedup", "ours_fresh_s", "torch_fresh_s", "fresh_speedup",
+                  "fresh_over_out"):
+        assert float(r[field]) > 0, (field, r)
+
+
 def test_small_sweep_prints_and_writes_every_row(tmp_path):
     out = tmp_path / "tc.csv"
-    done = subprocess.run([sys.executable, SCRIPT, "--shapes", "mixtral", "--tokens", "1,3", "--runs", "1",
-                           "--csv", str(out)], capture_output=True, text=True, cwd=ROOT)
+    done = run_script("--shapes", "mixtral", "--tokens", "1,3", "--runs", "1", "--thp", "default", "--csv", str(out))
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(open(out)))
     ops = ["forward", "backward", "combine", "combine_backward"]
     assert [(r["op"], r["tokens"]) for r in rows] == [(op, n) for n in ("1", "3") for op in ops]
     for r in rows:
-        assert float(r["ours_s"]) > 0 and float(r["torch_s"]) > 0 and float(r["speedup"]) > 0
-    assert {r["torch_expr"] for r in rows if r["op"] == "combine"} <= {"index_select+mul+sum", "index_select+bmm",
-                                                                       "index_add_"}
-    assert "[torch_compare 4/4] combine mixtral N=3" in done.stderr
+        assert r["thp"] == "default"
+        assert_row_measured(r)
+    for expr in ("torch_expr", "torch_fresh_expr"):
+        assert {r[expr] for r in rows if r["op"] == "combine"} <= {"index_select+mul+sum", "index_select+bmm",
+                                                                   "index_add_"}
+    assert "[torch_compare 4/4] combine mixtral N=3 (THP default)" in done.stderr
     assert done.stdout.count("mixtral") == 8
+
+
+def test_both_thp_settings_each_in_a_process_of_its_own(tmp_path):
+    # --thp default,1: one child per setting (PyTorch reads THP_MEM_ALLOC_ENABLE once), merged into
+    # one line per row with the functional columns of each setting.
+    out = tmp_path / "tc.csv"
+    done = run_script("--shapes", "mixtral", "--tokens", "2", "--runs", "1", "--ops", "dispatch", "--csv", str(out))
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["thp"], r["op"]) for r in rows] == [(t, op) for t in ("default", "1") for op in ("forward", "backward")]
+    for r in rows:
+        assert_row_measured(r)
+    assert "(THP default)" in done.stderr and "(THP 1)" in done.stderr
+    table = [line for line in done.stdout.splitlines() if line.startswith(("forward", "backward"))]
+    assert len(table) == 2 and all(line.count("|") == 4 for line in table)
+    done = run_script("--thp", "2")
+    assert done.returncode == 2 and "--thp: unknown setting '2'" in done.stderr
 
 
 def test_combine_rows_alone_and_unknown_ops(tmp_path):
     out = tmp_path / "tc.csv"
-    done = subprocess.run([sys.executable, SCRIPT, "--shapes", "qwen3-30b", "--tokens", "2", "--runs", "1",
-                           "--ops", "combine", "--csv", str(out)], capture_output=True, text=True, cwd=ROOT)
+    done = run_script("--shapes", "qwen3-30b", "--tokens", "2", "--runs", "1", "--ops", "combine", "--thp", "default",
+                      "--csv", str(out))
     assert done.returncode == 0, done.stderr
     assert [r["op"] for r in csv.DictReader(open(out))] == ["combine", "combine_backward"]
-    done = subprocess.run([sys.executable, SCRIPT, "--ops", "unpermute"], capture_output=True, text=True, cwd=ROOT)
+    done = run_script("--ops", "unpermute")
     assert done.returncode == 2 and "--ops: unknown operator 'unpermute'" in done.stderr
 
 
@@ -90,8 +123,13 @@ def test_combine_torch_expressions_compute_our_operators_math(dtype):
     assert set(expressions) == {"index_select+mul+sum", "index_select+bmm", "index_add_"}
     for name, fn in expressions.items():
         out.zero_()
-        fn()
+        assert fn() is out
         torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=1e-2, msg=name)
+    _, fresh = tc.combine_torch_forward(case, fresh=True)  # the functional forms: new tensors
+    for name, fn in fresh.items():
+        got = fn()
+        assert got is not out and got.dtype == out.dtype
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=1e-2, msg=name)
     grad_y = torch.randn(7, 24, generator=gen).to(dtype)
     expected = moe_routing.moe_finalize_routing_grad(grad_y, case["eri"], case["y"], case["scales"])
     outs, expressions = tc.combine_torch_backward(case, grad_y)
@@ -101,3 +139,8 @@ def test_combine_torch_expressions_compute_our_operators_math(dtype):
         fn()
         assert torch.equal(outs[0], expected[0]), name
         torch.testing.assert_close(outs[1], expected[1], rtol=1e-2, atol=1e-2, msg=name)
+    _, fresh = tc.combine_torch_backward(case, grad_y, fresh=True)
+    for name, fn in fresh.items():
+        grad_x, grad_scales = fn()
+        assert grad_x is not outs[0] and torch.equal(grad_x, expected[0]), name
+        torch.testing.assert_close(grad_scales, expected[1], rtol=1e-2, atol=1e-2, msg=name)

@@ -7,6 +7,9 @@
 #include <immintrin.h>
 #endif
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -16,13 +19,16 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <thread>
 
+#include "cases/mappings.h"
 #include "cases/model_shapes.h"
 #include "cases/random.h"
 #include "cases/synthetic.h"
 #include "commands.h"
+#include "core/memory_hints.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace moe_routing::cli {
@@ -225,6 +231,67 @@ class BandwidthMeter {
   std::atomic<uint64_t> sink_{0};
 };
 
+/// What the first touch of fresh memory costs: the page fault and the OS zeroing the page, per
+/// MiB, with 4 KiB pages and with 2 MiB ones (transparent huge pages, asked for with
+/// MADV_HUGEPAGE as the torch binding does). Every output a functional call allocates pays this
+/// once per page, on top of the kernel that writes it.
+class FirstTouchMeter {
+ public:
+  static constexpr size_t kBytes = size_t(256) << 20;
+  struct Sample {
+    double seconds = 0;
+    double huge_fraction = 0;  // of the mapping backed by huge pages after the touch
+  };
+  /// Touches one byte of every 4 KiB of a fresh kBytes mapping, each thread its share (in
+  /// order), and unmaps it; `huge`: with MADV_HUGEPAGE, else MADV_NOHUGEPAGE. Zero seconds
+  /// where this is not Linux or the mapping fails.
+  static Sample measure(int threads, bool huge) {
+    Sample sample;
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    constexpr size_t kAlign = size_t(2) << 20;
+    void* raw = ::mmap(nullptr, kBytes + kAlign, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return sample;
+    char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + kAlign - 1) &
+                                         ~uintptr_t(kAlign - 1));
+    ::madvise(base, kBytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    auto share = [base, threads](int t) {
+      const size_t lo = kBytes / kAlign * size_t(t) / size_t(threads) * kAlign;
+      const size_t hi = kBytes / kAlign * size_t(t + 1) / size_t(threads) * kAlign;
+      for (size_t at = lo; at < hi; at += 4096) static_cast<volatile char*>(base)[at] = 1;
+    };
+    for (int t = 1; t < threads; ++t) pool.emplace_back(share, t);
+    share(0);
+    for (auto& th : pool) th.join();
+    sample.seconds = seconds_since(start);
+    sample.huge_fraction = double(anon_huge_bytes(base)) / double(kBytes);
+    ::munmap(raw, kBytes + kAlign);
+#else
+    (void)threads, (void)huge;
+#endif
+    return sample;
+  }
+  /// The transparent-huge-page mode, the bracketed word of
+  /// /sys/kernel/mm/transparent_hugepage/enabled ("always", "madvise", "never"); "n/a" without.
+  static std::string thp_mode() {
+    std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string text;
+    std::getline(in, text);
+    const size_t open = text.find('['), close = text.find(']');
+    if (open == std::string::npos || close == std::string::npos || close < open) return "n/a";
+    return text.substr(open + 1, close - open - 1);
+  }
+
+ private:
+  /// AnonHugePages ("N kB") of the mapping that holds `address`, in bytes.
+  static int64_t anon_huge_bytes(const void* address) {
+    const std::string value = cases::smaps_field(address, "AnonHugePages");
+    return value.empty() ? 0 : std::stoll(value) * 1024;
+  }
+};
+
 /// The shortest time a kernel that reads `reads` bytes and writes `writes` bytes can take: the
 /// longest of all bytes at the copy bandwidth, the reads at the read bandwidth and the writes at
 /// the write bandwidth (bytes per second).
@@ -255,7 +322,41 @@ struct Row {
   /// the writes at the write bandwidth, whichever is longest.
   double limit_ms = 0;
   int64_t extra_memory = 0;
+  /// The same call into outputs allocated for it (FreshOutputs), as a functional front end makes
+  /// it: with huge pages asked for (the torch binding's default) and without; each the median
+  /// time and the median over the runs of its ratio to the out= call's time in the same run.
+  double fresh_ms = 0, fresh_ratio = 0, fresh_small_pages_ms = 0, fresh_small_pages_ratio = 0;
   bool verified = false;  // --verify: the CPU kernels' outputs equal the reference's, bit for bit
+};
+
+/// Output buffers allocated for one call and freed after it, as a front end returning new
+/// tensors has them (the torch binding's functional operators): from the allocator, never written
+/// (glibc maps a large one anew: the kernel's stores fault its pages in), with huge pages asked
+/// for as the binding asks (detail::advise_huge_pages) when `huge_pages`.
+class FreshOutputs {
+ public:
+  FreshOutputs(const std::vector<std::vector<uint8_t>*>& like, bool huge_pages) {
+    for (const std::vector<uint8_t>* buffer : like) {
+      // Uninitialised, so not touched; buffers under a page come from the allocator's heap
+      // anyway and are zeroed, so that bytes no kernel writes compare equal (equals).
+      const size_t bytes = buffer->size();
+      buffers_.emplace_back(bytes < 4096 ? new uint8_t[bytes]() : new uint8_t[bytes]);
+      if (huge_pages) detail::advise_huge_pages(buffers_.back().get(), int64_t(buffer->size()));
+      pointers_.push_back(buffers_.back().get());
+    }
+  }
+  const std::vector<uint8_t*>& pointers() const { return pointers_; }
+  /// Whether every buffer holds the bytes of its counterpart in `like`.
+  bool equals(const std::vector<std::vector<uint8_t>*>& like) const {
+    for (size_t i = 0; i < like.size(); ++i)
+      if (!like[i]->empty() && std::memcmp(pointers_[i], like[i]->data(), like[i]->size()) != 0)
+        return false;
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  std::vector<uint8_t*> pointers_;
 };
 
 class BenchCommand : public Command {
@@ -275,17 +376,24 @@ class BenchCommand : public Command {
         "copy a kernel taking that shortest time would reach (max%copy: what this machine allows\n"
         "right now), and the peak memory the call used beyond its inputs and outputs.\n"
         "--machine measures only the memory: copy, read and write bandwidth with one thread and\n"
-        "with --threads, and the max%copy they allow each operator.\n\n"
+        "with --threads, the max%copy they allow each operator, and the first-touch cost of\n"
+        "fresh pages (4 KiB and 2 MiB) with the OS's and a program's zeroing bandwidth.\n\n"
         "Operators: grad = moe_init_routing_grad in its three scenarios (dropless; active with\n"
         "active_num = 3/4 of N*K; drop-pad with capacity ceil(N*K/E)); init-routing =\n"
         "moe_init_routing (torch API / V4) dropless and drop-pad; finalize = moe_finalize_routing\n"
         "(V2, drop_pad_mode 2: the row layout the dispatch returns) of expanded_x with scales\n"
         "(float32 with bf16, else the data's dtype); finalize-grad = moe_finalize_routing_grad\n"
-        "(dropless) with grad_expanded_x and grad_scales. Outputs are allocated and touched before "
-        "timing, so page faults are\n"
-        "not measured. --verify also runs every row once on the reference backend and compares "
-        "the\n"
-        "outputs bit for bit (exit status 1 when one differs).",
+        "(dropless) with grad_expanded_x and grad_scales.\n\n"
+        "Each row is timed into outputs allocated and touched beforehand (ms: the out= call; page\n"
+        "faults not measured) and, in the same runs, into outputs allocated for the call and "
+        "freed\n"
+        "after it, as a functional front end returns new tensors (fresh ms: with huge pages asked\n"
+        "for, as the torch binding does, unless MOE_ROUTING_HUGE_PAGES=0; 4K ms: without), each\n"
+        "with the median of its per-run ratio to the out= call. --machine also measures what the\n"
+        "first touch of fresh memory costs per MiB (page fault + the OS zeroing the page).\n"
+        "--verify also runs every row once on the reference backend and compares the outputs bit\n"
+        "for bit, and those of a call into fresh outputs with the out= call's (exit status 1 when\n"
+        "one differs).",
         "moe-routing bench\n"
         "moe-routing bench --op grad --shape deepseek-v3 --tokens 4096 --threads 2\n"
         "moe-routing bench --tokens 1,8,64,512,4096 --csv bench.csv\n"
@@ -313,8 +421,8 @@ class BenchCommand : public Command {
     p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);
     p.add_switch(
         "--machine",
-        "only measure this machine's memory (copy, read, write; 1 and --threads threads; --runs "
-        "rounds) and the %copy ceilings it sets for both operators",
+        "only measure this machine's memory (copy, read, write; the first touch of fresh pages; 1 "
+        "and --threads threads; --runs rounds) and the %copy ceilings it sets for both operators",
         &machine_);
   }
 
@@ -368,38 +476,63 @@ class BenchCommand : public Command {
     int failed = 0;
 
     std::vector<Row> rows;
-    // `call(config)` runs the row's operator into `outputs` (every buffer it writes).
-    using Call = std::function<Status(const ExecConfig&)>;
+    // `call(config, buffers)` runs the row's operator into `buffers` (one per output it writes,
+    // sized as the `outputs` time_call is given).
+    using Buffers = std::vector<uint8_t*>;
+    using Call = std::function<Status(const ExecConfig&, const Buffers&)>;
     auto time_call = [&](Row row, const Call& timed_call,
                          const std::vector<std::vector<uint8_t>*>& outputs) -> Status {
-      auto call = [&] { return timed_call(config); };
+      Buffers preallocated;
+      for (std::vector<uint8_t>* o : outputs) preallocated.push_back(o->data());
+      auto call = [&] { return timed_call(config, preallocated); };
+      // A functional call: outputs allocated for it, and freed after it (both timed).
+      auto fresh_call = [&](bool huge_pages) {
+        const FreshOutputs fresh(outputs, huge_pages);
+        return timed_call(config, fresh.pointers());
+      };
       std::fprintf(stderr, "[bench %zu/%zu] %s %s %s N=%lld\n", rows.size() + 1, total,
                    row.op.c_str(), row.scenario.c_str(), row.shape.c_str(), (long long)row.tokens);
       // Large rows: each timed run is paired with a copy measured just before it (and an untimed
       // call), so both see the same state of a shared machine. Rows that fit the caches run
       // back to back (a 512 MiB copy between them would evict their data and measure the
-      // refill instead): the copies come right before and right after them.
+      // refill instead): the copies come right before and right after them. Each run also times
+      // the call into fresh outputs, with and without huge pages asked for, in a rotating order
+      // right after the out= call's untimed warm-up.
       row.bytes = row.read_bytes + row.write_bytes;
       const bool per_run = row.bytes >= kPairEachRunBytes;
       std::vector<BandwidthMeter::Sample> samples;
-      std::vector<double> times;
+      std::vector<double> times, fresh_times, small_times, fresh_ratios, small_ratios;
       if (!per_run)
         for (int c = 0; c < 3; ++c) samples.push_back(meter.measure());
       MOE_ROUTING_RETURN_IF_ERROR(call());  // warm-up
-      const int64_t before = current_rss_bytes();
-      if (can_measure_memory) reset_peak_rss();
+      MOE_ROUTING_RETURN_IF_ERROR(fresh_call(true));
+      int64_t extra_memory = 0;
       for (int64_t r = 0; r < runs_; ++r) {
         if (per_run) {
           samples.push_back(meter.measure());
           MOE_ROUTING_RETURN_IF_ERROR(call());
         }
-        const auto start = Clock::now();
-        MOE_ROUTING_RETURN_IF_ERROR(call());
-        times.push_back(seconds_since(start));
+        double seconds[3] = {};
+        for (int k = 0; k < 3; ++k) {
+          const int which = int((k + r) % 3);  // 0: out=, 1: fresh, 2: fresh without huge pages
+          // The peak memory beyond inputs and outputs, from the out= calls (VmHWM).
+          const int64_t before = which == 0 ? current_rss_bytes() : 0;
+          if (which == 0 && can_measure_memory) reset_peak_rss();
+          const auto start = Clock::now();
+          MOE_ROUTING_RETURN_IF_ERROR(which == 0 ? call() : fresh_call(which == 1));
+          seconds[which] = seconds_since(start);
+          if (which == 0 && can_measure_memory)
+            extra_memory = std::max<int64_t>(extra_memory, peak_rss_bytes() - before);
+        }
+        times.push_back(seconds[0]);
+        fresh_times.push_back(seconds[1]);
+        small_times.push_back(seconds[2]);
+        fresh_ratios.push_back(seconds[1] / seconds[0]);
+        small_ratios.push_back(seconds[2] / seconds[0]);
       }
       if (!per_run)
         for (int c = 0; c < 3; ++c) samples.push_back(meter.measure());
-      row.extra_memory = can_measure_memory ? std::max<int64_t>(0, peak_rss_bytes() - before) : -1;
+      row.extra_memory = can_measure_memory ? extra_memory : -1;
       const double copy_bw = BandwidthMeter::copy_bandwidth(samples);
       const double read_bw = BandwidthMeter::read_bandwidth(samples);
       const double write_bw = BandwidthMeter::write_bandwidth(samples);
@@ -407,16 +540,26 @@ class BenchCommand : public Command {
       row.read_gbps = read_bw / 1e9;
       row.write_gbps = write_bw / 1e9;
       row.ms = median(times) * 1e3;
+      row.fresh_ms = median(fresh_times) * 1e3;
+      row.fresh_ratio = median(fresh_ratios);
+      row.fresh_small_pages_ms = median(small_times) * 1e3;
+      row.fresh_small_pages_ratio = median(small_ratios);
       row.gbps = row.bytes / (row.ms * 1e-3) / 1e9;
       row.fraction = row.gbps / row.copy_gbps;
       row.limit_ms =
           1e3 * limit_seconds(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
       row.ceiling = ceiling_of_copy(row.read_bytes, row.write_bytes, copy_bw, read_bw, write_bw);
-      if (verify_) {  // the last timed run's outputs against the plain reference backend's
+      if (verify_) {
+        // Fresh outputs (first written by the kernels, with the stores chosen for them) against
+        // the out= call's, then the last timed run's outputs against the plain reference
+        // backend's.
+        MOE_ROUTING_RETURN_IF_ERROR(call());
+        const FreshOutputs fresh(outputs, true);
+        MOE_ROUTING_RETURN_IF_ERROR(timed_call(config, fresh.pointers()));
+        row.verified = fresh.equals(outputs);
         std::vector<std::vector<uint8_t>> kernels;
         for (const std::vector<uint8_t>* o : outputs) kernels.push_back(*o);
-        MOE_ROUTING_RETURN_IF_ERROR(timed_call(reference));
-        row.verified = true;
+        MOE_ROUTING_RETURN_IF_ERROR(timed_call(reference, preallocated));
         for (size_t i = 0; i < outputs.size(); ++i) row.verified &= kernels[i] == *outputs[i];
         if (!row.verified) {
           ++failed;
@@ -463,10 +606,11 @@ class BenchCommand : public Command {
             const TensorView g(grad.data(), dtype, int(problem.grad_shape.size()),
                                problem.grad_shape.data());
             const TensorView idx(problem.expanded_row_idx.data(), DType::int32, {n * K});
-            const TensorView o(out.data(), dtype, {n, H});
             Status s = time_call(
                 row,
-                [&](const ExecConfig& c) { return moe_init_routing_grad(g, idx, attrs, o, c); },
+                [&](const ExecConfig& c, const Buffers& b) {
+                  return moe_init_routing_grad(g, idx, attrs, TensorView(b[0], dtype, {n, H}), c);
+                },
                 {&out});
             if (!s.is_ok()) return report_error(s);
           }
@@ -487,12 +631,15 @@ class BenchCommand : public Command {
             Status s = infer_moe_init_routing(xv, iv, {}, {}, {}, attrs, &plan);
             if (!s.is_ok()) return report_error(s);
             auto alloc = [](const OutputSpec& spec) {
-              std::vector<uint8_t> buffer(size_t(spec.numel()) * dtype_size(spec.dtype) + 1);
+              // At least a byte, for a pointer to give an empty output (every byte is written
+              // otherwise: fresh outputs compare equal to these, see FreshOutputs).
+              std::vector<uint8_t> buffer(
+                  std::max<size_t>(1, size_t(spec.numel()) * dtype_size(spec.dtype)));
               std::memset(buffer.data(), 0, buffer.size());
               return buffer;
             };
-            auto view = [](std::vector<uint8_t>& buffer, const OutputSpec& spec) {
-              return TensorView(buffer.data(), spec.dtype, spec.ndim, spec.shape);
+            auto view = [](uint8_t* buffer, const OutputSpec& spec) {
+              return TensorView(buffer, spec.dtype, spec.ndim, spec.shape);
             };
             std::vector<uint8_t> ex = alloc(plan.expanded_x), eri = alloc(plan.expanded_row_idx),
                                  cnt = alloc(plan.expert_tokens_count_or_cumsum),
@@ -505,13 +652,13 @@ class BenchCommand : public Command {
             row.write_bytes = double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
                               double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
             s = time_call(row,
-                          [&](const ExecConfig& c) {
+                          [&](const ExecConfig& c, const Buffers& b) {
                             return moe_init_routing(xv, iv, {}, {}, {}, attrs,
-                                                    view(ex, plan.expanded_x),
-                                                    view(eri, plan.expanded_row_idx),
-                                                    view(cnt, plan.expert_tokens_count_or_cumsum),
-                                                    view(sc, plan.expanded_scale),
-                                                    view(tw, plan.expanded_topk_weight), c);
+                                                    view(b[0], plan.expanded_x),
+                                                    view(b[1], plan.expanded_row_idx),
+                                                    view(b[2], plan.expert_tokens_count_or_cumsum),
+                                                    view(b[3], plan.expanded_scale),
+                                                    view(b[4], plan.expanded_topk_weight), c);
                           },
                           {&ex, &eri, &cnt, &sc, &tw});
             if (!s.is_ok()) return report_error(s);
@@ -547,9 +694,11 @@ class BenchCommand : public Command {
             row.scenario = "dropless";
             row.read_bytes = double(R * H) * esize + double(R) * (4.0 + ssize);
             row.write_bytes = double(n * H) * esize;
-            const TensorView ov(out.data(), dtype, {n, H});
             Status s = time_call(
-                row, [&](const ExecConfig& c) { return moe_finalize_routing(in, attrs, ov, c); },
+                row,
+                [&](const ExecConfig& c, const Buffers& b) {
+                  return moe_finalize_routing(in, attrs, TensorView(b[0], dtype, {n, H}), c);
+                },
                 {&out});
             if (!s.is_ok()) return report_error(s);
           }
@@ -564,9 +713,6 @@ class BenchCommand : public Command {
             attrs.numerics = numerics;
             std::vector<uint8_t> grad_expanded(size_t(R * H) * size_t(esize), 0);
             std::vector<uint8_t> grad_scales(size_t(R) * size_t(ssize), 0);
-            MoeFinalizeRoutingGradOutputs out;
-            out.grad_expanded_x = TensorView(grad_expanded.data(), dtype, {R, H});
-            out.grad_scales = TensorView(grad_scales.data(), scales_dtype, {n, K});
             MoeFinalizeRoutingGradPlan plan;
             Status s = infer_moe_finalize_routing_grad(in, attrs, &plan);
             if (!s.is_ok()) return report_error(s);
@@ -582,12 +728,15 @@ class BenchCommand : public Command {
                 double(n * H) * esize + double(R * H) * esize + double(R) * (4.0 + ssize);
             row.write_bytes = double(R * H) * esize + double(R) * ssize;
             s = time_call(row,
-                          [&](const ExecConfig& c) {
+                          [&](const ExecConfig& c, const Buffers& b) {
                             ExecConfig with_workspace = c;
                             if (c.backend != Backend::reference) {
                               with_workspace.workspace = workspace.data();
                               with_workspace.workspace_bytes = workspace.size();
                             }
+                            MoeFinalizeRoutingGradOutputs out;
+                            out.grad_expanded_x = TensorView(b[0], dtype, {R, H});
+                            out.grad_scales = TensorView(b[1], scales_dtype, {n, K});
                             return moe_finalize_routing_grad(in, attrs, out, with_workspace);
                           },
                           {&grad_expanded, &grad_scales});
@@ -603,10 +752,17 @@ class BenchCommand : public Command {
         "copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each "
         "row;\n"
         "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
-        "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n");
-    std::printf("%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %7s %16s %7s %8s %9s %7s %8s\n", "op",
-                "scenario", "shape", "N", "H", "E", "K", "ms", "MB moved", "GB/s",
-                "copy/read/write", "%copy", "max%copy", "limit ms", "%limit", "extra MB");
+        "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n"
+        "ms: into outputs that exist (out=); fresh ms: into outputs allocated for the call and "
+        "freed after it,\nwith huge pages asked for (as the torch binding's functional "
+        "operators; MOE_ROUTING_HUGE_PAGES=%s) and\nwithout (4K ms: 4 KiB pages unless THP is "
+        "`always`); x: the median of the per-run ratios to the out= call\n",
+        detail::huge_pages_enabled() ? "1" : "0");
+    std::printf(
+        "%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %6s %9s %6s %9s %7s %16s %7s %8s %9s %7s %8s\n",
+        "op", "scenario", "shape", "N", "H", "E", "K", "ms", "fresh ms", "x", "4K ms", "x",
+        "MB moved", "GB/s", "copy/read/write", "%copy", "max%copy", "limit ms", "%limit",
+        "extra MB");
     for (const Row& r : rows) {
       char extra[32] = "n/a";
       if (r.extra_memory >= 0)
@@ -615,12 +771,13 @@ class BenchCommand : public Command {
       std::snprintf(bandwidths, sizeof bandwidths, "%.0f/%.0f/%.0f", r.copy_gbps, r.read_gbps,
                     r.write_gbps);
       std::printf(
-          "%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.1f %7.2f %16s %6.1f%% %7.1f%% %9.3f "
-          "%6.1f%% %8s\n",
+          "%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.3f %5.2fx %9.3f %5.2fx %9.1f %7.2f "
+          "%16s %6.1f%% %7.1f%% %9.3f %6.1f%% %8s\n",
           r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens,
-          (long long)r.hidden, (long long)r.experts, (long long)r.top_k, r.ms, r.bytes / 1e6,
-          r.gbps, bandwidths, 100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms,
-          100.0 * r.limit_ms / r.ms, extra);
+          (long long)r.hidden, (long long)r.experts, (long long)r.top_k, r.ms, r.fresh_ms,
+          r.fresh_ratio, r.fresh_small_pages_ms, r.fresh_small_pages_ratio, r.bytes / 1e6, r.gbps,
+          bandwidths, 100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms, 100.0 * r.limit_ms / r.ms,
+          extra);
     }
     if (verify_)
       std::printf("verify: %zu of %zu rows bitwise equal to the reference backend\n",
@@ -631,6 +788,7 @@ class BenchCommand : public Command {
              "fraction_of_copy,"
              "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_"
              "bytes,"
+             "fresh_ms,fresh_over_out,fresh_4k_ms,fresh_4k_over_out,"
              "ceiling_fraction_of_copy\n";
       for (const Row& r : rows)
         out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden
@@ -638,7 +796,9 @@ class BenchCommand : public Command {
             << ',' << r.ms << ',' << r.bytes << ',' << r.gbps << ',' << r.copy_gbps << ','
             << r.fraction << ',' << r.read_bytes << ',' << r.write_bytes << ',' << r.read_gbps
             << ',' << r.write_gbps << ',' << r.limit_ms << ',' << r.limit_ms / r.ms << ','
-            << r.extra_memory << ',' << r.ceiling << '\n';
+            << r.extra_memory << ',' << r.fresh_ms << ',' << r.fresh_ratio << ','
+            << r.fresh_small_pages_ms << ',' << r.fresh_small_pages_ratio << ',' << r.ceiling
+            << '\n';
       if (!out)
         return report_error(
             runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
@@ -658,11 +818,21 @@ class BenchCommand : public Command {
     if (threads > 1) counts.push_back(threads);
     std::vector<std::vector<BandwidthMeter::Sample>> samples(counts.size());
     std::vector<std::vector<double>> zero_s(counts.size());
+    const std::string thp = FirstTouchMeter::thp_mode();
+    const bool try_huge = thp == "always" || thp == "madvise";
+    std::vector<std::vector<double>> touch_small(counts.size()), touch_huge(counts.size());
+    std::vector<std::vector<double>> huge_fraction(counts.size());
     for (int64_t r = 0; r < runs_; ++r) {
       std::fprintf(stderr, "[bench --machine %lld/%lld]\n", (long long)(r + 1), (long long)runs_);
       for (size_t c = 0; c < counts.size(); ++c) {
         samples[c].push_back(meter.measure(counts[c]));
         if (clzero) zero_s[c].push_back(meter.zero_lines_s(counts[c]));
+        touch_small[c].push_back(FirstTouchMeter::measure(counts[c], false).seconds);
+        if (try_huge) {
+          const FirstTouchMeter::Sample sample = FirstTouchMeter::measure(counts[c], true);
+          touch_huge[c].push_back(sample.seconds);
+          huge_fraction[c].push_back(sample.huge_fraction);
+        }
       }
     }
     const double bytes = double(BandwidthMeter::kBytes);
@@ -690,6 +860,42 @@ class BenchCommand : public Command {
            [&](size_t c) { return bytes / median(zero_s[c]); });
     else
       std::printf("%-58s %17s\n", "write alone, zero lines (CLZERO)", "n/a: no CLZERO");
+    // First touch: ms per MiB (a fresh output of B MiB costs B times this before its kernel).
+    const double mib = double(FirstTouchMeter::kBytes) / double(1 << 20);
+    std::printf(
+        "\nFirst touch of fresh memory (page fault + the OS zeroing the page), %zu MiB mapping, "
+        "median of %lld rounds; THP mode [%s]\n",
+        FirstTouchMeter::kBytes >> 20, (long long)runs_, thp.c_str());
+    auto touch_line = [&](const char* what, const std::vector<std::vector<double>>& seconds,
+                          double scale, const char* format) {
+      std::printf("%-58s", what);
+      for (size_t c = 0; c < counts.size(); ++c) {
+        char cell[32];
+        std::snprintf(cell, sizeof cell, format, median(seconds[c]) * scale);
+        std::printf(" %17s", cell);
+      }
+      std::printf("\n");
+    };
+    const double small_pages = double(FirstTouchMeter::kBytes) / 4096.0;
+    touch_line("4 KiB pages: ms per MiB", touch_small, 1e3 / mib, "%.3f");
+    touch_line("4 KiB pages: us per page fault", touch_small, 1e6 / small_pages, "%.2f");
+    if (try_huge) {
+      touch_line("2 MiB pages (MADV_HUGEPAGE): ms per MiB", touch_huge, 1e3 / mib, "%.3f");
+      std::printf("%-58s", "2 MiB pages: share of the mapping the OS gave huge pages");
+      for (size_t c = 0; c < counts.size(); ++c)
+        std::printf(" %16.0f%%", 100.0 * median(huge_fraction[c]));
+      std::printf("\n");
+      // A 2 MiB fault is almost all zeroing: the rate at which the OS zeroes fresh pages.
+      std::printf("%-58s", "zeroing by the OS (2 MiB first touch), GB/s");
+      for (size_t c = 0; c < counts.size(); ++c)
+        std::printf(" %17.1f", double(FirstTouchMeter::kBytes) / median(touch_huge[c]) / 1e9);
+      std::printf("\n");
+    } else {
+      std::printf("%-58s %17s\n", "2 MiB pages", ("n/a: THP " + thp).c_str());
+    }
+    line("zeroing by a program (memset of resident memory), GB/s",
+         [&](size_t c) { return BandwidthMeter::write_bandwidth(samples[c]); });
+
     const size_t last = counts.size() - 1;
     const double copy_bw = BandwidthMeter::copy_bandwidth(samples[last]);
     const double read_bw = BandwidthMeter::read_bandwidth(samples[last]);

@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/memory_hints.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace {
@@ -202,11 +203,20 @@ class Call {
   }
 
   /// The output `spec` describes: `out` when the caller gave one (it must be exactly what would be
-  /// allocated - resizing would hide a caller's mistake), else a new tensor.
+  /// allocated - resizing would hide a caller's mistake), else a new tensor. A new CPU tensor of
+  /// a few MiB or more gets huge pages asked for before anything touches it
+  /// (detail::advise_huge_pages; MOE_ROUTING_HUGE_PAGES=0 turns that off): its first touch then
+  /// costs one fault per 2 MiB instead of 512, which for a training-size expanded_x took longer
+  /// than the kernel itself.
   at::Tensor output(const char* name, at::IntArrayRef shape, DType core_type,
                     const at::Tensor* out) const {
     const at::ScalarType dtype = torch_dtype(core_type);
-    if (out == nullptr) return at::empty(shape, at::TensorOptions(device_).dtype(dtype));
+    if (out == nullptr) {
+      at::Tensor fresh = at::empty(shape, at::TensorOptions(device_).dtype(dtype));
+      if (device_.is_cpu())
+        moe_routing::detail::advise_huge_pages(fresh.data_ptr(), int64_t(fresh.nbytes()));
+      return fresh;
+    }
     TORCH_CHECK_VALUE(out->sizes() == shape && out->scalar_type() == dtype &&
                           out->is_contiguous() && out->device() == device_,
                       op_, ": out ", name, " must be a contiguous ",
