@@ -516,7 +516,7 @@ at::Tensor moe_finalize_routing_into(
     *views[i] = call.optional_view(names[i], contiguous[i]);
   }
   moe_routing::MoeFinalizeRoutingPlan plan;
-  raise_if_error(moe_routing::infer_moe_finalize_routing(in, attrs, nullptr, &plan));
+  raise_if_error(moe_routing::infer_moe_finalize_routing(in, attrs, &plan));
   const at::Tensor result = call.output("y", plan.out, out);
   if (out != nullptr) {
     Call::check_no_overlap(
@@ -564,7 +564,7 @@ FinalizeGradOutputs moe_finalize_routing_grad_into(
   in.expert_idx = call.optional_view("expert_idx", expert_c);
   in.bias = call.optional_view("bias", bias_c);
   moe_routing::MoeFinalizeRoutingGradPlan plan;
-  raise_if_error(moe_routing::infer_moe_finalize_routing_grad(in, attrs, nullptr, &plan));
+  raise_if_error(moe_routing::infer_moe_finalize_routing_grad(in, attrs, &plan));
 
   // An optional output: out=, planned -> checked like any out=; out=, not producible -> passed
   // on for the core's message; functional -> allocated when wanted and producible, else [0].
