@@ -27,8 +27,7 @@ struct FinalizeAvx2Ops : Avx2Ops {
   /// The 8 adjacent-pair sums of the columns [0, 8) and [8, 16) in a and b, in column order:
   /// hadd gives [a01 a23 b01 b23 | a45 a67 b45 b67], the 64-bit permute puts b01 b23 after a67.
   static __m256 natural_pair_sums(__m256 a, __m256 b) {
-    return _mm256_castpd_ps(
-        _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(a, b)), 0xd8));
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(a, b)), 0xd8));
   }
   /// The 8 adjacent-pair sums of a vector's 16 columns, in column order: for bfloat16 (even
   /// columns in lo, odd ones in hi) lo + hi, for the others (columns 0-7 in lo) as above.
@@ -82,7 +81,8 @@ struct FinalizeAvx2Ops : Avx2Ops {
       if (j + W <= n && j + W <= folded) {
         const V g = load<Tag>(gy + j), gf = load<Tag>(gy + j + fold);
         V v = load<Tag>(x + j), vf = load<Tag>(x + j + fold);
-        if (bias != nullptr) v = add(v, load<Tag>(bias + j)), vf = add(vf, load<Tag>(bias + j + fold));
+        if (bias != nullptr)
+          v = add(v, load<Tag>(bias + j)), vf = add(vf, load<Tag>(bias + j + fold));
         pairs[k] = pair_sums<Tag>(add(mul(v, g), mul(vf, gf)));
       } else if (j + W <= n && j >= folded) {
         pairs[k] = product_pairs<Tag>(x, bias, load<Tag>(gy + j), j);

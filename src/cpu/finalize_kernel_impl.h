@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <type_traits>
 
-
 #include "core/float_env.h"
 #include "cpu/finalize_kernel.h"
 #include "cpu/scalar_ops.h"
@@ -275,7 +274,8 @@ inline void pass_columns(const FinalizeRoutingProblem& p,
     for (int v = 0; v < U; ++v) acc[v] = Ops::zero();
   }
   // Full steps request the sources' lines kFinalizePrefetchBytes ahead, inside the row.
-  const bool ahead = U > 1 && prefetch && j + kFinalizePrefetchBytes / int64_t(sizeof(S)) < p.hidden;
+  const bool ahead =
+      U > 1 && prefetch && j + kFinalizePrefetchBytes / int64_t(sizeof(S)) < p.hidden;
   for (; u < n; ++u) {
     const V scale = Ops::broadcast(terms[u].scale);
     if (ahead)
@@ -500,7 +500,8 @@ float atlas_a2_order(const FinalizeRoutingGradProblem& p, const Group& group) {
   for (int64_t c0 = 0; c0 < p.hidden; c0 += p.chunk) {
     const int64_t c1 = p.hidden - c0 < p.chunk ? p.hidden : c0 + p.chunk;
     float chunk_sum = 0.0f;
-    for (int64_t g0 = c0; g0 < c1; g0 += G) chunk_sum = chunk_sum + group(g0, c1 - g0 < G ? c1 - g0 : G);
+    for (int64_t g0 = c0; g0 < c1; g0 += G)
+      chunk_sum = chunk_sum + group(g0, c1 - g0 < G ? c1 - g0 : G);
     total = total + chunk_sum;
   }
   return total;
@@ -554,7 +555,9 @@ float reduce_ascend_950(const FinalizeRoutingGradProblem& p, Products<typename T
   auto block_sum = [&](int64_t b) {  // y[j] = p[j] + p[j + Q] for j < H - Q
     const int64_t j0 = b * B, folded = H - Q - j0;
     return Ops::template product_tree<Tag>(pr.at(j0), B, B, Q,
-                                           folded < 0 ? 0 : folded < B ? folded : B);
+                                           folded < 0   ? 0
+                                           : folded < B ? folded
+                                                        : B);
   };
   alignas(64) float u[B];
   for (int64_t m = 0; m < B; ++m) u[m] = 0.0f;
@@ -607,10 +610,10 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
         (!args.stream_output || stream_aligned(out))) {
       const int64_t q = pairs[0];
       const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
-      const float sum = args.stream_output ? scaled_row_and_atlas_a2<Ops, Tag, true>(
-                                                 p, products(q), scale, out, args.prefetch)
-                                           : scaled_row_and_atlas_a2<Ops, Tag, false>(
-                                                 p, products(q), scale, out, args.prefetch);
+      const float sum =
+          args.stream_output
+              ? scaled_row_and_atlas_a2<Ops, Tag, true>(p, products(q), scale, out, args.prefetch)
+              : scaled_row_and_atlas_a2<Ops, Tag, false>(p, products(q), scale, out, args.prefetch);
       store_scale(p.grad_scales, p.scales_dtype, q, sum);
       continue;
     }

@@ -244,6 +244,29 @@ std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
   return data;
 }
 
+/// A zeroed buffer whose `data` starts on a 64-byte boundary, as PyTorch's CPU allocator places
+/// tensors. glibc puts a large block 16 bytes past a page boundary, so every row (a multiple of
+/// 32 bytes long) of such a tensor starts 16 bytes off the 32-byte boundary that the streaming
+/// stores need: the combine's kernels then write a few columns of every row through the cache
+/// first, and the grad's one-pass path for one-pair rows is not taken. `bytes` (with the
+/// padding, zero) is what --verify compares.
+struct AlignedBuffer {
+  std::vector<uint8_t> bytes;
+  uint8_t* data = nullptr;
+};
+AlignedBuffer aligned_buffer(size_t size) {
+  AlignedBuffer b;
+  b.bytes.assign(size + 64, 0);
+  b.data = b.bytes.data() + (64 - reinterpret_cast<uintptr_t>(b.bytes.data()) % 64) % 64;
+  return b;
+}
+/// aligned_buffer of `count` random elements (as random_floats).
+AlignedBuffer aligned_random_floats(int64_t count, DType dtype, uint64_t seed) {
+  AlignedBuffer b = aligned_buffer(size_t(count) * dtype_size(dtype));
+  cases::fill_random(b.data, dtype, count, seed);
+  return b;
+}
+
 struct Row {
   std::string op, scenario, shape;
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
@@ -523,16 +546,17 @@ class BenchCommand : public Command {
           // scales [N, K].
           const std::vector<int32_t> rows_of_pairs =
               forward_expanded_row_idx(expert_idx, K, routing_scenarios(n, K, E)[0]);
+          // Every tensor 64-byte aligned, as PyTorch's (see AlignedBuffer).
           const int64_t R = n * K;
-          std::vector<uint8_t> expanded = random_floats(R * H, dtype, 11);
+          AlignedBuffer expanded = aligned_random_floats(R * H, dtype, 11);
           // float32 scales with bfloat16 data (the mixed-precision case of real models), else
           // scales of the data's dtype (the only other kind the operator takes).
           const DType scales_dtype = dtype == DType::bfloat16 ? DType::float32 : dtype;
           const double ssize = double(dtype_size(scales_dtype));
-          std::vector<uint8_t> scales = random_floats(n * K, scales_dtype, 13);
-          const TensorView ev(expanded.data(), dtype, {R, H});
+          AlignedBuffer scales = aligned_random_floats(n * K, scales_dtype, 13);
+          const TensorView ev(expanded.data, dtype, {R, H});
           const TensorView rv(const_cast<int32_t*>(rows_of_pairs.data()), DType::int32, {R});
-          const TensorView sv(scales.data(), scales_dtype, {n, K});
+          const TensorView sv(scales.data, scales_dtype, {n, K});
           if (do_finalize) {
             MoeFinalizeRoutingInputs in;
             in.expanded_x = ev;
@@ -541,32 +565,32 @@ class BenchCommand : public Command {
             MoeFinalizeRoutingAttrs attrs;
             attrs.drop_pad_mode = 2;
             attrs.numerics = numerics;
-            std::vector<uint8_t> out(size_t(n * H) * size_t(esize), 0);
+            AlignedBuffer out = aligned_buffer(size_t(n * H) * size_t(esize));
             Row row = base;
             row.op = "finalize";
             row.scenario = "dropless";
             row.read_bytes = double(R * H) * esize + double(R) * (4.0 + ssize);
             row.write_bytes = double(n * H) * esize;
-            const TensorView ov(out.data(), dtype, {n, H});
+            const TensorView ov(out.data, dtype, {n, H});
             Status s = time_call(
                 row, [&](const ExecConfig& c) { return moe_finalize_routing(in, attrs, ov, c); },
-                {&out});
+                {&out.bytes});
             if (!s.is_ok()) return report_error(s);
           }
           if (do_finalize_grad) {
-            std::vector<uint8_t> grad_y = random_floats(n * H, dtype, 17);
+            AlignedBuffer grad_y = aligned_random_floats(n * H, dtype, 17);
             MoeFinalizeRoutingGradInputs in;
-            in.grad_y = TensorView(grad_y.data(), dtype, {n, H});
+            in.grad_y = TensorView(grad_y.data, dtype, {n, H});
             in.expanded_row_idx = rv;
             in.expanded_x = ev;
             in.scales = sv;
             MoeFinalizeRoutingGradAttrs attrs;
             attrs.numerics = numerics;
-            std::vector<uint8_t> grad_expanded(size_t(R * H) * size_t(esize), 0);
-            std::vector<uint8_t> grad_scales(size_t(R) * size_t(ssize), 0);
+            AlignedBuffer grad_expanded = aligned_buffer(size_t(R * H) * size_t(esize));
+            AlignedBuffer grad_scales = aligned_buffer(size_t(R) * size_t(ssize));
             MoeFinalizeRoutingGradOutputs out;
-            out.grad_expanded_x = TensorView(grad_expanded.data(), dtype, {R, H});
-            out.grad_scales = TensorView(grad_scales.data(), scales_dtype, {n, K});
+            out.grad_expanded_x = TensorView(grad_expanded.data, dtype, {R, H});
+            out.grad_scales = TensorView(grad_scales.data, scales_dtype, {n, K});
             MoeFinalizeRoutingGradPlan plan;
             Status s = infer_moe_finalize_routing_grad(in, attrs, &plan);
             if (!s.is_ok()) return report_error(s);
@@ -590,7 +614,7 @@ class BenchCommand : public Command {
                             }
                             return moe_finalize_routing_grad(in, attrs, out, with_workspace);
                           },
-                          {&grad_expanded, &grad_scales});
+                          {&grad_expanded.bytes, &grad_scales.bytes});
             if (!s.is_ok()) return report_error(s);
           }
         }
