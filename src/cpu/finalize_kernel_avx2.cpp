@@ -100,19 +100,33 @@ struct FinalizeAvx2Ops : Avx2Ops {
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
                                    typename Tag::storage* out, int64_t n, int64_t prefetch_left) {
-    const typename Tag::storage *x = pr.x, *bias = pr.bias, *gy = pr.gy;
+    using S = typename Tag::storage;
+    const S *x = pr.x, *bias = pr.bias, *gy = pr.gy;
     const V s = broadcast(scale);
     alignas(32) __m256 pairs[detail::kGradScalesGroup / W];
     int64_t k = 0;
-    constexpr int64_t kLine = 64 / sizeof(typename Tag::storage);  // columns per cache line
-    constexpr int64_t kAhead = kFinalizePrefetchBytes / sizeof(typename Tag::storage);
-    for (; (k + 1) * W <= n; ++k) {
-      if (prefetch_left > kAhead && (k * W) % kLine == 0 && k * W + kAhead < prefetch_left)
-        __builtin_prefetch(gy + k * W + kAhead, 0, 3);
-      const V g = load<Tag>(gy + k * W);
-      store<Tag, Stream>(out + k * W, mul(g, s));
-      pairs[k] = product_pairs<Tag>(x, bias, g, k * W);
-    }
+    auto full_vectors = [&](auto has_bias) {
+      constexpr bool kBias = decltype(has_bias)::value;
+      auto column_vector = [&](int64_t k) {
+        const V g = load<Tag>(gy + k * W);
+        store<Tag, Stream>(out + k * W, mul(g, s));
+        pairs[k] = product_pairs<Tag>(x, kBias ? bias : nullptr, g, k * W);
+      };
+      // Two vectors per step (a cache line of 16-bit grad_y), its lines requested ahead.
+      constexpr int64_t kAhead = kFinalizePrefetchBytes / int64_t(sizeof(S));
+      for (; (k + 2) * W <= n; k += 2) {
+        if (k * W + kAhead < prefetch_left)
+          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(gy + k * W + kAhead) + b, 0, 3);
+        column_vector(k);
+        column_vector(k + 1);
+      }
+      if ((k + 1) * W <= n) column_vector(k++);
+    };
+    if (bias != nullptr)  // decided once per group, not per vector
+      full_vectors(std::true_type{});
+    else
+      full_vectors(std::false_type{});
     if (k * W < n) {  // the ragged last vector
       for (int64_t j = k * W; j < n; ++j)
         FinalizeScalarOps::store<Tag>(out + j, Tag::widen(gy + j) * scale);
