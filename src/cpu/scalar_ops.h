@@ -6,8 +6,8 @@
 // Per ISA: the including translation unit defines MOE_ROUTING_CPU_ISA (baseline, avx2) first and
 // everything here lands in moe_routing::cpu::<isa>, so an out-of-line copy compiled with -mavx2
 // is a symbol of its own that the linker can never hand to the baseline path
-// (docs/ARCHITECTURE.md, "Per-ISA code"). Beyond moe_routing/dtype.h's element conversions it
-// calls nothing that baseline code shares.
+// (docs/ARCHITECTURE.md, "Per-ISA code"). Beyond moe_routing/dtype.h's element conversions,
+// which the tags inline (flatten), it calls nothing that baseline code shares.
 #pragma once
 
 #if !defined(MOE_ROUTING_CPU_ISA)

@@ -4,7 +4,6 @@
 // at the H where their shapes change, streamed outputs, special values, empty inputs.
 #include <cmath>
 #include <limits>
-#include <memory>
 
 #include "finalize_cases.h"
 
@@ -79,23 +78,19 @@ TEST(FinalizeGradRandom, GradScalesOrdersAtTheirShapeChanges) {
 
 TEST(FinalizeGradRandom, OnePairRowsAtVectorAndGroupBoundariesMatchTheReference) {
   // A row named by one pair takes the one-pass path (its columns and its pair's atlas_a2 sum
-  // together) where its stores may stream from its start; rows of an odd length start at every
-  // alignment, so streamed ones also take the general path (cached head). H around the vectors
-  // (16 columns), the column steps (64) and the 512-column groups, ragged last groups included.
+  // together) where its stores may stream from its start; streamed rows that start off the
+  // boundary take the general path (cached head). H around the vectors (16 columns), the column
+  // steps (64) and the 512-column groups, ragged last groups included.
   testing::Random rng(512);
-  for (bool stream : {false, true}) {
-    std::unique_ptr<testing::StreamingThresholdOverride> small;
-    if (stream) small = std::make_unique<testing::StreamingThresholdOverride>(1);
-    for (int64_t h : {15, 16, 17, 63, 64, 65, 496, 511, 512, 513, 528, 1040})
-      for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
-        for (Numerics numerics : testing::kFinalizeNumerics) {
-          GradOptions o;
-          o.bias = h % 2 == 0, o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.1;
-          FinalizeGradCase c =
-              testing::make_finalize_grad_case(rng, d.dtype, 0, numerics, o, 5, 2, h);
-          expect_all_runners_match(c);
-        }
-  }
+  testing::for_each_column_boundary(
+      {15, 16, 17, 63, 64, 65, 496, 511, 512, 513, 528, 1040},
+      [&](int64_t h, const testing::DtypeVariant& d, Numerics numerics, bool) {
+        GradOptions o;
+        o.bias = h % 2 == 0, o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.1;
+        FinalizeGradCase c =
+            testing::make_finalize_grad_case(rng, d.dtype, 0, numerics, o, 5, 2, h);
+        expect_all_runners_match(c);
+      });
 }
 
 TEST(FinalizeGradRandom, LongPairListsMatchTheReference) {
