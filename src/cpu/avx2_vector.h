@@ -119,13 +119,33 @@ struct Avx2Ops {
     else
       _mm256_storeu_si256(static_cast<__m256i*>(dst), v);
   }
-  /// 16 bfloat16 columns (even ones in lo, odd ones in hi) rounded and stored in place.
+  /// 16 bfloat16 columns (even ones in lo, odd ones in hi) rounded and stored in place. Nearest
+  /// even works in the 16-bit lanes of the result (13 operations where rounding each half in its
+  /// 32-bit lanes and merging takes 15): T = the truncated results (lo's top halves moved down,
+  /// hi's in place), L = the low halves they drop; a result rounds up when L + lsb(T) > 0x8000,
+  /// which is bit 15 of avg(L, 0x7ffe | lsb) = (L + lsb + 0x7fff) >> 1 (vpavgw adds in 17 bits);
+  /// a carry into the exponent gives inf where it must. NaN lanes (either half's own mask, merged
+  /// the same way) become the canonical NaN.
   template <bool Stream, bool HalfAway = false>
   static void store_bf16(uint16_t* dst, V v) {
-    const __m256i even = _mm256_srli_epi32(round_bf16_high<HalfAway>(v.lo), 16);
-    const __m256i odd =
-        _mm256_and_si256(round_bf16_high<HalfAway>(v.hi), _mm256_set1_epi32(int(0xffff0000u)));
-    store256<Stream>(dst, _mm256_or_si256(even, odd));
+    if constexpr (HalfAway) {
+      const __m256i even = _mm256_srli_epi32(round_bf16_high<true>(v.lo), 16);
+      const __m256i odd =
+          _mm256_and_si256(round_bf16_high<true>(v.hi), _mm256_set1_epi32(int(0xffff0000u)));
+      store256<Stream>(dst, _mm256_or_si256(even, odd));
+    } else {
+      const __m256i lo = _mm256_castps_si256(v.lo), hi = _mm256_castps_si256(v.hi);
+      const __m256i truncated = _mm256_blend_epi16(_mm256_srli_epi32(lo, 16), hi, 0xaa);
+      const __m256i dropped = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xaa);
+      const __m256i bias = _mm256_or_si256(_mm256_and_si256(truncated, _mm256_set1_epi16(1)),
+                                           _mm256_set1_epi16(0x7ffe));
+      const __m256i up = _mm256_srli_epi16(_mm256_avg_epu16(dropped, bias), 15);
+      const __m256i nan = _mm256_blend_epi16(_mm256_castps_si256(nan_mask(v.lo)),
+                                             _mm256_castps_si256(nan_mask(v.hi)), 0xaa);
+      store256<Stream>(dst,
+                       _mm256_blendv_epi8(_mm256_add_epi16(truncated, up),
+                                          _mm256_set1_epi16(short(kCanonicalNanBfloat16)), nan));
+    }
   }
   /// Narrows once (round-to-nearest-even) and stores, streaming past the caches with Stream
   /// (then dst must be 32-byte aligned); NaN becomes the canonical NaN.

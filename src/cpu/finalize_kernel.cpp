@@ -82,11 +82,14 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
   const int64_t element = int64_t(dtype_size(problem.dtype));
   const int threads = forward_threads(N, K, H, problem.dtype, num_threads);
   detail::reserve_threads(threads);  // before any output is written (it may throw)
-  FinalizeKernelArgs args{problem, 0, 0, false};
+  FinalizeKernelArgs args{problem, 0, 0, false, false};
   args.tile_width =
       unit_width(N, H, threads, K > kFinalizeTermsPerPass ? kFinalizeAccColumns : INT64_MAX);
   args.tiles_per_row = (H + args.tile_width - 1) / args.tile_width;
   args.stream_output = N * H * element >= detail::streaming_store_threshold();
+  // Sources beyond half the last-level cache are not expected to be in it (see
+  // kFinalizePrefetchBytes).
+  args.prefetch = saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2;
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto kernel = &baseline::finalize_kernel;
 #if defined(MOE_ROUTING_HAVE_AVX2)
@@ -169,8 +172,9 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
     bias_kernel = &avx2::finalize_grad_bias;
   }
 #endif
-  FinalizeGradKernelArgs args{p, 0, 0, false};
+  FinalizeGradKernelArgs args{p, 0, 0, false, false};
   args.stream_output = R * H * element >= detail::streaming_store_threshold();
+  args.prefetch = R * H * element >= detail::streaming_store_threshold() / 2;
   detail::parallel_for(R, threads.rows,
                        [&](int64_t begin, int64_t end) { rows_kernel(args, begin, end); });
   if (p.grad_bias == nullptr || E == 0) return;

@@ -17,6 +17,7 @@ struct FinalizeKernelArgs {
   int64_t tile_width;     // columns per unit (the last tile of a row may be narrower)
   int64_t tiles_per_row;  // ceil(H / tile_width)
   bool stream_output;     // write out with non-temporal stores (large outputs)
+  bool prefetch;          // request the sources' lines ahead (sources larger than the caches)
 };
 
 /// Terms of one row gathered per pass; a row with more runs several passes over each column
@@ -31,6 +32,7 @@ struct FinalizeGradKernelArgs {
   int64_t bias_tile_width;
   int64_t bias_tiles_per_row;
   bool stream_output;  // write grad_expanded_x with non-temporal stores
+  bool prefetch;       // request grad_y's lines ahead (rows far larger than the caches)
 };
 
 namespace baseline {

@@ -6,38 +6,14 @@
 namespace moe_routing::cpu::avx2 {
 namespace {
 
-/// The shared AVX2 Ops (cpu/avx2_vector.h) and what only these kernels need. grad_scales' trees
-/// need lanes in column order: products() widens in natural order and tree() reduces it.
+/// The shared AVX2 Ops (cpu/avx2_vector.h) and what only these kernels need: V1's bfloat16
+/// narrowing and grad_scales' trees, whose lanes are in column order.
 struct FinalizeAvx2Ops : Avx2Ops {
   template <bool Stream>
   static void store_bf16_half_away(uint16_t* dst, V v) {
     store_bf16<Stream, true>(dst, v);
   }
 
-  /// 8 consecutive elements widened in column order.
-  template <class Tag>
-  static __m256 load8(const typename Tag::storage* src) {
-    if constexpr (std::is_same_v<Tag, Fp32Tag>) {
-      return _mm256_loadu_ps(src);
-    } else if constexpr (std::is_same_v<Tag, Fp16Tag>) {
-      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-    } else {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    }
-  }
-  template <class Tag>
-  static void products(const typename Tag::storage* x, const typename Tag::storage* bias,
-                       const typename Tag::storage* gy, int64_t n, float* dst) {
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-      __m256 v = load8<Tag>(x + j);
-      if (bias != nullptr) v = _mm256_add_ps(v, load8<Tag>(bias + j));
-      _mm256_storeu_ps(dst + j, _mm256_mul_ps(v, load8<Tag>(gy + j)));
-    }
-    FinalizeScalarOps::products<Tag>(x + j, bias != nullptr ? bias + j : nullptr, gy + j, n - j,
-                                     dst + j);
-  }
   /// Lane k of the result is the adjacent-pair tree ((v0 + v1) + (v2 + v3)) + ((v4 + v5) +
   /// (v6 + v7)) of vector k's lanes, for 8 vectors: two rounds of hadd sum adjacent pairs within
   /// 128-bit halves, the third adds the halves.
@@ -47,6 +23,118 @@ struct FinalizeAvx2Ops : Avx2Ops {
     // a = [t0 t1 t2 t3 | u0 u1 u2 u3] (t: lanes 0-3 of v0..v3, u: lanes 4-7), b likewise for
     // v4..v7.
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+  }
+  /// The 8 adjacent-pair sums of the columns [0, 8) and [8, 16) in a and b, in column order:
+  /// hadd gives [a01 a23 b01 b23 | a45 a67 b45 b67], the 64-bit permute puts b01 b23 after a67.
+  static __m256 natural_pair_sums(__m256 a, __m256 b) {
+    return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(a, b)), 0xd8));
+  }
+  /// The 8 adjacent-pair sums of a vector's 16 columns, in column order: for bfloat16 (even
+  /// columns in lo, odd ones in hi) lo + hi, for the others (columns 0-7 in lo) as above.
+  template <class Tag>
+  static __m256 pair_sums(V v) {
+    if constexpr (std::is_same_v<Tag, Bf16Tag>)
+      return _mm256_add_ps(v.lo, v.hi);
+    else
+      return natural_pair_sums(v.lo, v.hi);
+  }
+  /// The 8 pair sums of the products of the 16 columns at j (the sources in locals: stores to
+  /// the caller's arrays may alias anything).
+  template <class Tag>
+  static __m256 product_pairs(const typename Tag::storage* x, const typename Tag::storage* bias,
+                              V g, int64_t j) {
+    V v = load<Tag>(x + j);
+    if (bias != nullptr) v = add(v, load<Tag>(bias + j));
+    return pair_sums<Tag>(mul(v, g));
+  }
+  /// The tree of up to 32 vectors of pair sums (64 or 512 lanes): each 8 become one vector of
+  /// 16-column trees (tree8); with 512 lanes the four of those become the four 128-column trees.
+  static float pairs_tree(__m256* pairs, int64_t vectors) {
+    __m256 blocks[8];
+    for (int64_t b = 0; b < 8; ++b)
+      blocks[b] = 8 * b < vectors ? tree8(pairs + 8 * b) : _mm256_setzero_ps();
+    const __m256 top = vectors > 8 ? tree8(blocks) : blocks[0];
+    alignas(32) float last[8];
+    _mm256_store_ps(last, top);
+    return (last[0] + last[1]) + (last[2] + last[3]);
+  }
+  /// The pair sums of Products::lanes for the ragged vector at j (it ends past n or straddles
+  /// `folded`), from the scalar definition.
+  template <class Tag>
+  static __m256 ragged_pairs(const Products<typename Tag::storage>& pr, int64_t j, int64_t n,
+                             int64_t fold, int64_t folded) {
+    alignas(32) float lanes[W];
+    const int64_t f = folded - j;
+    pr.at(j).template lanes<Tag>(n - j < W ? n - j : W, W, fold, f < 0 ? 0 : f, lanes);
+    return natural_pair_sums(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+  }
+  /// The adjacent-pair tree of Products::lanes over `count` (64 or 512) lanes, 16 columns per
+  /// vector, its first level pair_sums (vertical for bfloat16).
+  template <class Tag>
+  static float product_tree(const Products<typename Tag::storage>& pr, int64_t n, int64_t count,
+                            int64_t fold, int64_t folded) {
+    const typename Tag::storage *x = pr.x, *bias = pr.bias, *gy = pr.gy;
+    const int64_t vectors = count / W;  // 4 or 32
+    alignas(32) __m256 pairs[detail::kGradScalesGroup / W];
+    for (int64_t k = 0; k < vectors; ++k) {
+      const int64_t j = k * W;
+      if (j + W <= n && j + W <= folded) {
+        const V g = load<Tag>(gy + j), gf = load<Tag>(gy + j + fold);
+        V v = load<Tag>(x + j), vf = load<Tag>(x + j + fold);
+        if (bias != nullptr)
+          v = add(v, load<Tag>(bias + j)), vf = add(vf, load<Tag>(bias + j + fold));
+        pairs[k] = pair_sums<Tag>(add(mul(v, g), mul(vf, gf)));
+      } else if (j + W <= n && j >= folded) {
+        pairs[k] = product_pairs<Tag>(x, bias, load<Tag>(gy + j), j);
+      } else {
+        pairs[k] = j < n ? ragged_pairs<Tag>(pr, j, n, fold, folded) : _mm256_setzero_ps();
+      }
+    }
+    for (int64_t k = vectors; k < 8; ++k) pairs[k] = _mm256_setzero_ps();  // tree8 reads 8
+    return pairs_tree(pairs, vectors);
+  }
+  /// out[j] = narrow(gy[j] * scale) for j < n (n <= 512; out 32-byte aligned where Stream), and
+  /// the 512-lane product tree of columns [0, n): a row of grad_expanded_x with one pair and its
+  /// atlas_a2 group, in one pass over the columns (grad_y read once). grad_y's lines are
+  /// requested kFinalizePrefetchBytes ahead while that stays below column prefetch_left.
+  template <class Tag, bool Stream>
+  static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
+                                   typename Tag::storage* out, int64_t n, int64_t prefetch_left) {
+    using S = typename Tag::storage;
+    const S *x = pr.x, *bias = pr.bias, *gy = pr.gy;
+    const V s = broadcast(scale);
+    alignas(32) __m256 pairs[detail::kGradScalesGroup / W];
+    int64_t k = 0;
+    auto full_vectors = [&](auto has_bias) {
+      constexpr bool kBias = decltype(has_bias)::value;
+      auto column_vector = [&](int64_t k) {
+        const V g = load<Tag>(gy + k * W);
+        store<Tag, Stream>(out + k * W, mul(g, s));
+        pairs[k] = product_pairs<Tag>(x, kBias ? bias : nullptr, g, k * W);
+      };
+      // Two vectors per step (a cache line of 16-bit grad_y), its lines requested ahead.
+      constexpr int64_t kAhead = kFinalizePrefetchBytes / int64_t(sizeof(S));
+      for (; (k + 2) * W <= n; k += 2) {
+        if (k * W + kAhead < prefetch_left)
+          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(gy + k * W + kAhead) + b, 0, 3);
+        column_vector(k);
+        column_vector(k + 1);
+      }
+      if ((k + 1) * W <= n) column_vector(k++);
+    };
+    if (bias != nullptr)  // decided once per group, not per vector
+      full_vectors(std::true_type{});
+    else
+      full_vectors(std::false_type{});
+    if (k * W < n) {  // the ragged last vector
+      for (int64_t j = k * W; j < n; ++j)
+        FinalizeScalarOps::store<Tag>(out + j, Tag::widen(gy + j) * scale);
+      pairs[k] = ragged_pairs<Tag>(pr, k * W, n, 0, 0);
+      ++k;
+    }
+    for (; k < detail::kGradScalesGroup / W; ++k) pairs[k] = _mm256_setzero_ps();
+    return pairs_tree(pairs, detail::kGradScalesGroup / W);
   }
   /// The adjacent-pair tree over `count` lanes (64 or 512: 8 or 64 vectors).
   static float tree(const float* lanes, int64_t count) {

@@ -31,10 +31,46 @@ using detail::FinalizeRoutingGradProblem;
 using detail::FinalizeRoutingProblem;
 using detail::FinalizeTerm;
 
+/// dtype.h's load_as_float / store_from_float for the scales and grad_scales: flatten inlines
+/// them, and the conversions they call, into these per-ISA wrappers, so that no copy compiled for
+/// this ISA is emitted under their shared names (the linker could hand it to the baseline path;
+/// docs/ARCHITECTURE.md, "Per-ISA code").
+[[gnu::flatten]] inline float load_scale(const void* data, DType dtype, int64_t i) {
+  return load_as_float(data, dtype, i);
+}
+[[gnu::flatten]] inline void store_scale(void* data, DType dtype, int64_t i, float v) {
+  store_from_float(data, dtype, i, v);
+}
+
+/// The products grad_scales sums: p[j] = f32(f32(x[j] + bias[j]) * gy[j]) (bias may be null:
+/// f32(x[j] * gy[j])). Ops::product_tree<Tag>(products, n, count, fold, folded) is the
+/// adjacent-pair tree over `count` lanes (64 or 512) of lanes(n, count, fold, folded).
+template <class S>
+struct Products {
+  const S* x;
+  const S* bias;
+  const S* gy;
+
+  Products at(int64_t j) const { return {x + j, bias != nullptr ? bias + j : nullptr, gy + j}; }
+  template <class Tag>
+  float product(int64_t j) const {
+    float v = Tag::widen(x + j);
+    if (bias != nullptr) v = v + Tag::widen(bias + j);
+    return v * Tag::widen(gy + j);
+  }
+  /// lanes[k] = p[k] (+ p[k + fold] for k < folded) for k < n, and +0 for n <= k < count.
+  template <class Tag>
+  void lanes(int64_t n, int64_t count, int64_t fold, int64_t folded, float* lanes) const {
+    for (int64_t k = 0; k < n; ++k)
+      lanes[k] = k < folded ? product<Tag>(k) + product<Tag>(k + fold) : product<Tag>(k);
+    for (int64_t k = n; k < count; ++k) lanes[k] = 0.0f;
+  }
+};
+
 // ---- the scalar Ops of these kernels ---------------------------------------------------------
 
 /// The shared scalar Ops (cpu/scalar_ops.h) and what only these kernels need: V1's bfloat16
-/// narrowing with ties away from zero, and grad_scales' trees and products.
+/// narrowing with ties away from zero, and grad_scales' trees.
 struct FinalizeScalarOps : ScalarOps {
   template <bool Stream>
   static void store_bf16_half_away(uint16_t* p, float v) {
@@ -49,15 +85,21 @@ struct FinalizeScalarOps : ScalarOps {
       for (int64_t k = 0; k < width / 2; ++k) level[k] = level[2 * k] + level[2 * k + 1];
     return level[0];
   }
-  /// dst[j] = f32(f32(x[j] + bias[j]) * gy[j]) (bias may be null: f32(x[j] * gy[j])), j < n.
+  /// The adjacent-pair tree of Products::lanes.
   template <class Tag>
-  static void products(const typename Tag::storage* x, const typename Tag::storage* bias,
-                       const typename Tag::storage* gy, int64_t n, float* dst) {
-    for (int64_t j = 0; j < n; ++j) {
-      float v = Tag::widen(x + j);
-      if (bias != nullptr) v = v + Tag::widen(bias + j);
-      dst[j] = v * Tag::widen(gy + j);
-    }
+  static float product_tree(const Products<typename Tag::storage>& products, int64_t n,
+                            int64_t count, int64_t fold, int64_t folded) {
+    alignas(64) float lanes[detail::kGradScalesGroup];
+    products.template lanes<Tag>(n, count, fold, folded, lanes);
+    return tree(lanes, count);
+  }
+  /// out[j] = narrow(gy[j] * scale) for j < n, and the 512-lane product tree of columns [0, n)
+  /// (the vector Ops do both in one pass).
+  template <class Tag, bool Stream>
+  static float scaled_row_and_tree(const Products<typename Tag::storage>& products, float scale,
+                                   typename Tag::storage* out, int64_t n, int64_t) {
+    for (int64_t j = 0; j < n; ++j) store<Tag>(out + j, Tag::widen(products.gy + j) * scale);
+    return product_tree<Tag>(products, n, detail::kGradScalesGroup, 0, 0);
   }
 };
 
@@ -71,30 +113,77 @@ inline void store_out(typename Tag::storage* p, typename Ops::V v) {
     Ops::template store<Tag, Stream>(p, v);
 }
 
-/// Whether a tile of output starting at p may take the aligned streaming stores (a 32-byte
-/// boundary); other tiles are written through the cache.
+/// Whether output at p may take the aligned streaming stores (a 32-byte boundary).
 template <class S>
 inline bool stream_aligned(const S* p) {
   return (reinterpret_cast<uintptr_t>(p) % 32) == 0;
 }
 
+/// Vectors per full step of the column loops: with AVX2, 64 16-bit columns (two cache lines of
+/// each source) per source row looked up; measured against 2 vectors: 5-30 % less time for the
+/// forward, most where its rows are in the caches.
+constexpr int kColumnStepVectors = 4;
+
+/// One step of a column loop: U vectors of `O::W` columns with the Ops O, stored with
+/// non-temporal stores where Stream.
+template <class O, int U, bool Stream>
+struct ColumnStep {
+  using Ops = O;
+  static constexpr int kVectors = U;
+  static constexpr bool kStream = Stream;
+};
+
+/// Visits columns [c0, c1) of an output row: `columns(ColumnStep<...>{}, j)` computes and stores
+/// the step's columns at j. Steps of kColumnStepVectors vectors (each source row is looked up
+/// once per step), then one vector, then single columns. Where `stream`, the columns before the
+/// row's first 32-byte boundary go through the cache one at a time, so that the rows of a buffer
+/// that is not 32-byte aligned stream too, and the full steps from there on are non-temporal.
+template <class Ops, class S, class Columns>
+inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, const Columns& columns) {
+  constexpr int64_t W = Ops::W, U = kColumnStepVectors;
+  int64_t j = c0;
+  if (stream) {
+    int64_t head = c0;
+    while (head < c1 && head - c0 < 32 && !stream_aligned(out + head)) ++head;
+    if (stream_aligned(out + head)) {  // else the row never reaches a boundary: cached stores
+      for (; j < head; ++j) columns(ColumnStep<FinalizeScalarOps, 1, false>{}, j);
+      for (; j + U * W <= c1; j += U * W) columns(ColumnStep<Ops, U, true>{}, j);
+    }
+  }
+  for (; j + U * W <= c1; j += U * W) columns(ColumnStep<Ops, U, false>{}, j);
+  for (; j + W <= c1; j += W) columns(ColumnStep<Ops, 1, false>{}, j);
+  for (; j < c1; ++j) columns(ColumnStep<FinalizeScalarOps, 1, false>{}, j);
+}
+
 // ---- the forward --------------------------------------------------------------------------------
+
+/// Each output row starts up to K short streams at scattered rows, which the hardware
+/// prefetchers only pick up after their first misses (and lose at every 4 KiB page): while row i
+/// is summed, the first lines of row i + 1's sources are requested (4 lines, as the grad kernel
+/// of moe_init_routing measured best, or where the sources are far larger than the caches,
+/// kFinalizePrefetchBytes), and (FinalizeKernelArgs::prefetch) the full column steps request
+/// each source's lines kFinalizePrefetchBytes ahead. Measured (bf16, H = 2048-7168, K = 8, one
+/// thread): 25-45 % less time where the sources exceed the last-level cache, 10-20 % more where
+/// they sit in it (the requests are then pure overhead).
+constexpr int kFinalizePrefetchLines = 4;
+constexpr int64_t kFinalizePrefetchBytes = 1024;
 
 /// One non-skipped pair of a row, as its columns need it.
 template <class S>
 struct Term {
   const S* source;  // the expanded_x row, or x[i] (copy and constant experts)
   const S* bias;    // the expert's bias row, or null
-  float scale;      // widened scales[i, t] (unused without scales)
+  float scale;      // widened scales[i, t]; 1 without scales (see term_value)
   const S* alpha1;  // constant experts: their rows of alpha1, alpha2, v; else null
   const S* alpha2;
   const S* v;
 };
 
-/// Row-level facts every column of a row shares.
-struct RowFlags {
-  bool zero_bias, has_scales;
-};
+/// A term's bias step, the same for every term of a problem (docs/spec/moe_finalize_routing.md
+/// §3): none (bfloat16 under atlas_a2, or ascend_950, without bias), + 0 (atlas_a2 float32 and
+/// float16 without bias: -0 becomes +0), or + the expert's bias row. Decided once per call, so
+/// the column loops test nothing per term.
+enum class BiasStep { none, zero, row };
 
 /// The arithmetic of one step: float16 accumulation rounds every step to float16.
 template <class Ops, bool Fp16Acc>
@@ -105,13 +194,17 @@ inline typename Ops::V step(typename Ops::V v) {
     return v;
 }
 
-/// The term's value at the `Ops::W` columns at offset j: its source (a constant expert's
-/// alpha1 * x + alpha2 * v, each operation rounded to the dtype), + bias or + 0, * scale.
-template <class Ops, class Tag, bool Fp16Acc>
-inline typename Ops::V term_value(const Term<typename Tag::storage>& u, int64_t j, RowFlags f) {
+/// The term's value at the `Ops::W` columns at offset j: its source (with Constant, a constant
+/// expert's alpha1 * x + alpha2 * v, each operation rounded to the dtype), + bias or + 0,
+/// * scale. Without scales the scale is 1, which changes nothing: e * 1 == e for every e (a NaN
+/// stays a NaN, and every NaN is stored as the canonical one), and with float16 accumulation e is
+/// a float16 value already, so the rounding step keeps it.
+template <class Ops, class Tag, bool Fp16Acc, BiasStep Bias, bool Constant>
+inline typename Ops::V term_value(const Term<typename Tag::storage>& u, int64_t j,
+                                  typename Ops::V scale) {
   using V = typename Ops::V;
   V e;
-  if (u.alpha1 != nullptr) {
+  if (Constant && u.alpha1 != nullptr) {
     const V xa = Ops::template round_to<Tag>(
         Ops::mul(Ops::template load<Tag>(u.source + j), Ops::template load<Tag>(u.alpha1 + j)));
     const V va = Ops::template round_to<Tag>(
@@ -120,12 +213,11 @@ inline typename Ops::V term_value(const Term<typename Tag::storage>& u, int64_t 
   } else {
     e = Ops::template load<Tag>(u.source + j);
   }
-  if (u.bias != nullptr)
+  if constexpr (Bias == BiasStep::row)
     e = step<Ops, Fp16Acc>(Ops::add(e, Ops::template load<Tag>(u.bias + j)));
-  else if (f.zero_bias)
+  else if constexpr (Bias == BiasStep::zero)
     e = step<Ops, Fp16Acc>(Ops::add(e, Ops::zero()));
-  if (f.has_scales) e = step<Ops, Fp16Acc>(Ops::mul(e, Ops::broadcast(u.scale)));
-  return e;
+  return step<Ops, Fp16Acc>(Ops::mul(e, scale));
 }
 
 /// Where a pass's running sums start and end.
@@ -134,59 +226,85 @@ struct PassShape {
   bool last;   // the pass stores them to out (else to the row tile's buffer)
 };
 
-/// One pass over the `Ops::W` columns at offset j of a row tile.
-template <class Ops, class Tag, bool Fp16Acc, bool HalfAway, bool Stream>
-inline void pass_columns(const FinalizeRoutingProblem& p, const Term<typename Tag::storage>* terms,
-                         int64_t n, int64_t i, int64_t j, PassShape shape, RowFlags f,
-                         float* buffer, int64_t buffer_offset, typename Tag::storage* out) {
+/// What the forward's column loops are compiled for: the element type, float16 accumulation,
+/// V1's bfloat16 ties away from zero, the bias step, and whether any term may be a constant
+/// expert's.
+template <class Tag_, bool Fp16Acc_, bool HalfAway_, BiasStep Bias_, bool Constant_>
+struct ForwardKind {
+  using Tag = Tag_;
+  static constexpr bool kFp16Acc = Fp16Acc_, kHalfAway = HalfAway_, kConstant = Constant_;
+  static constexpr BiasStep kBias = Bias_;
+};
+
+/// One pass over the U vectors of columns at offset j of a row tile: the running sums start from
+/// x1 (+ x2, or + 0), the first term (assigned), +0, or the buffer, take the pass's terms in
+/// order, and end in out or the buffer.
+template <class Ops, class Kind, int U, bool Stream>
+inline void pass_columns(const FinalizeRoutingProblem& p,
+                         const Term<typename Kind::Tag::storage>* terms, int64_t n, int64_t i,
+                         int64_t j, PassShape shape, bool prefetch, float* buffer,
+                         int64_t buffer_offset, typename Kind::Tag::storage* out) {
+  using Tag = typename Kind::Tag;
   using S = typename Tag::storage;
   using V = typename Ops::V;
-  V acc = Ops::zero();
+  constexpr bool A = Kind::kFp16Acc;
+  constexpr int64_t W = Ops::W;
+  auto value = [&](const Term<S>& t, int64_t at, V scale) {
+    return term_value<Ops, Tag, A, Kind::kBias, Kind::kConstant>(t, at, scale);
+  };
+  V acc[U];
   int64_t u = 0;
   if (!shape.first) {
-    acc = Ops::load_float(buffer + buffer_offset);
+    for (int v = 0; v < U; ++v) acc[v] = Ops::load_float(buffer + buffer_offset + v * W);
   } else if (p.x1 != nullptr) {
-    const int64_t at = i * p.hidden + j;
-    const V a = Ops::template load<Tag>(static_cast<const S*>(p.x1) + at);
-    if (p.x2 != nullptr)
-      acc = step<Ops, Fp16Acc>(
-          Ops::add(a, Ops::template load<Tag>(static_cast<const S*>(p.x2) + at)));
-    else
-      acc = p.x1_plus_zero ? step<Ops, Fp16Acc>(Ops::add(a, Ops::zero())) : a;
+    const S* x1 = static_cast<const S*>(p.x1) + i * p.hidden + j;
+    const S* x2 = p.x2 != nullptr ? static_cast<const S*>(p.x2) + i * p.hidden + j : nullptr;
+    for (int v = 0; v < U; ++v) {
+      const V a = Ops::template load<Tag>(x1 + v * W);
+      if (x2 != nullptr)
+        acc[v] = step<Ops, A>(Ops::add(a, Ops::template load<Tag>(x2 + v * W)));
+      else
+        acc[v] = p.x1_plus_zero ? step<Ops, A>(Ops::add(a, Ops::zero())) : a;
+    }
   } else if (p.first_term_assigned && n > 0) {
-    acc = term_value<Ops, Tag, Fp16Acc>(terms[0], j, f);  // assigned, not added to +0
+    const V scale = Ops::broadcast(terms[0].scale);
+    for (int v = 0; v < U; ++v) acc[v] = value(terms[0], j + v * W, scale);  // not added to +0
     u = 1;
+  } else {
+    for (int v = 0; v < U; ++v) acc[v] = Ops::zero();
   }
-  for (; u < n; ++u)
-    acc = step<Ops, Fp16Acc>(Ops::add(acc, term_value<Ops, Tag, Fp16Acc>(terms[u], j, f)));
-  if (shape.last)
-    store_out<Ops, Tag, HalfAway, Stream>(out + j, acc);
-  else
-    Ops::store_float(buffer + buffer_offset, acc);
+  // Full steps request the sources' lines kFinalizePrefetchBytes ahead, inside the row.
+  const bool ahead =
+      U > 1 && prefetch && j + kFinalizePrefetchBytes / int64_t(sizeof(S)) < p.hidden;
+  for (; u < n; ++u) {
+    const V scale = Ops::broadcast(terms[u].scale);
+    if (ahead)
+      for (int64_t b = 0; b < U * W * int64_t(sizeof(S)); b += 64)
+        __builtin_prefetch(
+            reinterpret_cast<const char*>(terms[u].source + j) + kFinalizePrefetchBytes + b, 0, 3);
+    for (int v = 0; v < U; ++v)
+      acc[v] = step<Ops, A>(Ops::add(acc[v], value(terms[u], j + v * W, scale)));
+  }
+  for (int v = 0; v < U; ++v) {
+    if (shape.last)
+      store_out<Ops, Tag, Kind::kHalfAway, Stream>(out + j + v * W, acc[v]);
+    else
+      Ops::store_float(buffer + buffer_offset + v * W, acc[v]);
+  }
 }
 
-/// Columns [c0, c1) of row i for one pass: a cache line of output per step (streamed where the
-/// output is large and the tile aligned), then vector and scalar tails.
-template <class Ops, class Tag, bool Fp16Acc, bool HalfAway>
-void pass_tile(const FinalizeRoutingProblem& p, const Term<typename Tag::storage>* terms, int64_t n,
-               int64_t i, int64_t c0, int64_t c1, PassShape shape, RowFlags f, float* buffer,
-               bool stream_output) {
-  using S = typename Tag::storage;
+/// Columns [c0, c1) of row i for one pass (streamed where the output is large).
+template <class Ops, class Kind>
+void pass_tile(const FinalizeRoutingProblem& p, const Term<typename Kind::Tag::storage>* terms,
+               int64_t n, int64_t i, int64_t c0, int64_t c1, PassShape shape, float* buffer,
+               const FinalizeKernelArgs& args) {
+  using S = typename Kind::Tag::storage;
   S* out = static_cast<S*>(p.out) + i * p.hidden;
-  constexpr int64_t kStep = 64 / int64_t(sizeof(S));
-  int64_t j = c0;
-  if (shape.last && stream_output && stream_aligned(out + c0)) {
-    for (; j + kStep <= c1; j += kStep)
-      for (int64_t w = 0; w < kStep; w += Ops::W)
-        pass_columns<Ops, Tag, Fp16Acc, HalfAway, true>(p, terms, n, i, j + w, shape, f, buffer,
-                                                        j + w - c0, out);
-  }
-  for (; j + Ops::W <= c1; j += Ops::W)
-    pass_columns<Ops, Tag, Fp16Acc, HalfAway, false>(p, terms, n, i, j, shape, f, buffer, j - c0,
-                                                     out);
-  for (; j < c1; ++j)
-    pass_columns<FinalizeScalarOps, Tag, Fp16Acc, HalfAway, false>(p, terms, n, i, j, shape, f,
-                                                                   buffer, j - c0, out);
+  visit_columns<Ops>(out, c0, c1, shape.last && args.stream_output, [&](auto step, int64_t j) {
+    using Step = decltype(step);
+    pass_columns<typename Step::Ops, Kind, Step::kVectors, Step::kStream>(
+        p, terms, n, i, j, shape, args.prefetch, buffer, j - c0, out);
+  });
 }
 
 /// Gathers the next (at most kFinalizeTermsPerPass) non-skipped terms of row i from slot *t on;
@@ -214,21 +332,16 @@ int64_t gather_terms(const FinalizeRoutingProblem& p, int64_t i, int64_t* t,
       u.v = static_cast<const S*>(p.v) + c;
     }
     if (p.bias != nullptr) u.bias = static_cast<const S*>(p.bias) + expert * H;
-    if (p.scales != nullptr) u.scale = load_as_float(p.scales, p.scales_dtype, i * p.top_k + *t);
+    u.scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, i * p.top_k + *t) : 1.0f;
   }
   return n;
 }
 
-/// Each output row starts up to K short streams at scattered rows, which the hardware
-/// prefetchers only pick up after their first misses: while row i is summed, the first lines of
-/// row i + 1's sources are requested (the grad kernel of moe_init_routing measured 4 lines best).
-constexpr int kFinalizePrefetchLines = 4;
-
 template <class S>
-void prefetch_row_sources(const FinalizeRoutingProblem& p, int64_t i) {
+void prefetch_row_sources(const FinalizeRoutingProblem& p, int64_t i, bool far) {
   const int64_t lines_in_row = (p.hidden * int64_t(sizeof(S)) + 63) / 64;
-  const int lines =
-      lines_in_row < kFinalizePrefetchLines ? int(lines_in_row) : kFinalizePrefetchLines;
+  const int64_t wanted = far ? kFinalizePrefetchBytes / 64 : kFinalizePrefetchLines;
+  const int lines = int(lines_in_row < wanted ? lines_in_row : wanted);
   for (int64_t t = 0; t < p.top_k && t < kFinalizeTermsPerPass; ++t) {
     int64_t row = 0, expert = 0;
     if (p.term(i, t, &row, &expert) != FinalizeTerm::row) continue;
@@ -238,30 +351,49 @@ void prefetch_row_sources(const FinalizeRoutingProblem& p, int64_t i) {
   }
 }
 
-template <class Ops, class Tag, bool Fp16Acc, bool HalfAway>
+template <class Ops, class Kind>
 void finalize_units(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
-  using S = typename Tag::storage;
+  using S = typename Kind::Tag::storage;
   detail::DefaultFloatEnvironment float_environment;
   const FinalizeRoutingProblem& p = args.problem;
-  const RowFlags flags{p.zero_bias, p.scales != nullptr};
   Term<S> terms[kFinalizeTermsPerPass];
   alignas(64) float buffer[kFinalizeAccColumns];
   for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
     const int64_t i = unit / args.tiles_per_row;
     const int64_t c0 = (unit % args.tiles_per_row) * args.tile_width;
     const int64_t c1 = p.hidden - c0 < args.tile_width ? p.hidden : c0 + args.tile_width;
-    if (c0 == 0 && i + 1 < p.num_rows) prefetch_row_sources<S>(p, i + 1);
+    if (c0 == 0 && i + 1 < p.num_rows) prefetch_row_sources<S>(p, i + 1, args.prefetch);
     int64_t t = 0;
     PassShape shape{true, false};
     do {
-      const int64_t n = gather_terms<Tag>(p, i, &t, terms);
+      const int64_t n = gather_terms<typename Kind::Tag>(p, i, &t, terms);
       shape.last = t >= p.top_k;
-      pass_tile<Ops, Tag, Fp16Acc, HalfAway>(p, terms, n, i, c0, c1, shape, flags, buffer,
-                                             args.stream_output);
+      pass_tile<Ops, Kind>(p, terms, n, i, c0, c1, shape, buffer, args);
       shape.first = false;
     } while (!shape.last);
   }
   Ops::stream_fence();  // order the non-temporal stores before the pool reports completion
+}
+
+/// The problem's bias step and special experts, as template arguments.
+template <class Ops, class Tag, bool Fp16Acc, bool HalfAway>
+void finalize_units_for(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
+  const FinalizeRoutingProblem& p = args.problem;
+  const bool constant = p.alpha1 != nullptr;
+  auto run = [&](auto bias) {
+    constexpr BiasStep B = decltype(bias)::value;
+    if (constant)
+      finalize_units<Ops, ForwardKind<Tag, Fp16Acc, HalfAway, B, true>>(args, unit_begin, unit_end);
+    else
+      finalize_units<Ops, ForwardKind<Tag, Fp16Acc, HalfAway, B, false>>(args, unit_begin,
+                                                                         unit_end);
+  };
+  if (p.bias != nullptr)
+    run(std::integral_constant<BiasStep, BiasStep::row>{});
+  else if (p.zero_bias)
+    run(std::integral_constant<BiasStep, BiasStep::zero>{});
+  else
+    run(std::integral_constant<BiasStep, BiasStep::none>{});
 }
 
 template <class Ops>
@@ -269,42 +401,53 @@ void finalize_dispatch(const FinalizeKernelArgs& args, int64_t unit_begin, int64
   const FinalizeRoutingProblem& p = args.problem;
   switch (p.dtype) {
     case DType::float32:
-      return finalize_units<Ops, Fp32Tag, false, false>(args, unit_begin, unit_end);
+      return finalize_units_for<Ops, Fp32Tag, false, false>(args, unit_begin, unit_end);
     case DType::float16:
       if (p.fp16_accumulate)
-        return finalize_units<Ops, Fp16Tag, true, false>(args, unit_begin, unit_end);
-      return finalize_units<Ops, Fp16Tag, false, false>(args, unit_begin, unit_end);
+        return finalize_units_for<Ops, Fp16Tag, true, false>(args, unit_begin, unit_end);
+      return finalize_units_for<Ops, Fp16Tag, false, false>(args, unit_begin, unit_end);
     case DType::bfloat16:
       if (p.bf16_half_away)
-        return finalize_units<Ops, Bf16Tag, false, true>(args, unit_begin, unit_end);
-      return finalize_units<Ops, Bf16Tag, false, false>(args, unit_begin, unit_end);
+        return finalize_units_for<Ops, Bf16Tag, false, true>(args, unit_begin, unit_end);
+      return finalize_units_for<Ops, Bf16Tag, false, false>(args, unit_begin, unit_end);
     default: return;  // unreachable: infer_moe_finalize_routing admits floating dtypes only
   }
 }
 
 // ---- the grad -----------------------------------------------------------------------------------
 
-/// One pass of a sum over pairs at the `Ops::W` columns at offset j: `pairs`/`scales` are the
-/// pass's pairs (scales widened; unused without scales); the first pass starts with its first
-/// pair's term (assigned), a later one with the running sum in `buffer`; the last pass narrows
-/// once and stores to out, an earlier one keeps the sum in `buffer`. A term is
-/// f32(grad_y[i]) * f32(scales[q]), or grad_y[i] alone.
-template <class Ops, class Tag, bool Stream>
-inline void pairs_columns(const FinalizeRoutingGradProblem& p, const int32_t* pairs,
-                          const float* scales, int64_t n, int64_t j, PassShape shape, float* buffer,
-                          int64_t buffer_offset, typename Tag::storage* out) {
-  using S = typename Tag::storage;
-  const S* gy = static_cast<const S*>(p.grad_y);
-  auto term = [&](int64_t k) {
-    const typename Ops::V g = Ops::template load<Tag>(gy + (pairs[k] / p.top_k) * p.hidden + j);
-    return p.scales != nullptr ? Ops::mul(g, Ops::broadcast(scales[k])) : g;
-  };
-  typename Ops::V acc = shape.first ? term(0) : Ops::load_float(buffer + buffer_offset);
-  for (int64_t k = shape.first ? 1 : 0; k < n; ++k) acc = Ops::add(acc, term(k));
-  if (shape.last)
-    Ops::template store<Tag, Stream>(out + j, acc);
-  else
-    Ops::store_float(buffer + buffer_offset, acc);
+/// One pass of a sum over pairs at the U vectors of columns at offset j: rows[k] is the pass's
+/// k-th pair's grad_y row and scales[k] its widened scale (1 without scales: g * 1 == g for every
+/// g, a NaN staying a NaN); the first pass starts with its first pair's term (assigned), a later
+/// one with the running sum in `buffer`; the last pass narrows once and stores to out, an
+/// earlier one keeps the sum in `buffer`. A term is f32(grad_y[i]) * f32(scales[q]).
+template <class Ops, class Tag, int U, bool Stream>
+inline void pairs_columns(const typename Tag::storage* const* rows, const float* scales, int64_t n,
+                          int64_t j, PassShape shape, float* buffer, int64_t buffer_offset,
+                          typename Tag::storage* out) {
+  using V = typename Ops::V;
+  constexpr int64_t W = Ops::W;
+  V acc[U];
+  int64_t k = 0;
+  if (shape.first) {
+    const V scale = Ops::broadcast(scales[0]);
+    for (int v = 0; v < U; ++v)
+      acc[v] = Ops::mul(Ops::template load<Tag>(rows[0] + j + v * W), scale);
+    k = 1;
+  } else {
+    for (int v = 0; v < U; ++v) acc[v] = Ops::load_float(buffer + buffer_offset + v * W);
+  }
+  for (; k < n; ++k) {
+    const V scale = Ops::broadcast(scales[k]);
+    for (int v = 0; v < U; ++v)
+      acc[v] = Ops::add(acc[v], Ops::mul(Ops::template load<Tag>(rows[k] + j + v * W), scale));
+  }
+  for (int v = 0; v < U; ++v) {
+    if (shape.last)
+      Ops::template store<Tag, Stream>(out + j + v * W, acc[v]);
+    else
+      Ops::store_float(buffer + buffer_offset + v * W, acc[v]);
+  }
 }
 
 /// Columns [c0, c1) of one output row: the sum over `pairs` in list order (first term assigned,
@@ -314,13 +457,17 @@ template <class Ops, class Tag>
 void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, int64_t n, int64_t c0,
                    int64_t c1, typename Tag::storage* out, bool stream_output) {
   using S = typename Tag::storage;
-  constexpr int64_t kStep = 64 / int64_t(sizeof(S));
   if (n == 0) {
-    int64_t j = c0;
-    for (; j + Ops::W <= c1; j += Ops::W) Ops::template store<Tag>(out + j, Ops::zero());
-    for (; j < c1; ++j) ScalarOps::store<Tag>(out + j, 0.0f);
+    visit_columns<Ops>(out, c0, c1, stream_output, [&](auto step, int64_t j) {
+      using Step = decltype(step);
+      using O = typename Step::Ops;
+      for (int v = 0; v < Step::kVectors; ++v)
+        O::template store<Tag, Step::kStream>(out + j + v * O::W, O::zero());
+    });
     return;
   }
+  const S* gy = static_cast<const S*>(p.grad_y);
+  const S* rows[kFinalizeTermsPerPass];
   float scales[kFinalizeTermsPerPass];
   alignas(64) float buffer[kFinalizeAccColumns];
   const int64_t tile = n <= kFinalizeTermsPerPass ? c1 - c0 : kFinalizeAccColumns;
@@ -328,45 +475,57 @@ void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, in
     const int64_t t1 = c1 - t0 < tile ? c1 : t0 + tile;
     for (int64_t k0 = 0; k0 < n; k0 += kFinalizeTermsPerPass) {
       const int64_t m = n - k0 < kFinalizeTermsPerPass ? n - k0 : kFinalizeTermsPerPass;
-      for (int64_t k = 0; p.scales != nullptr && k < m; ++k)
-        scales[k] = load_as_float(p.scales, p.scales_dtype, pairs[k0 + k]);
+      for (int64_t k = 0; k < m; ++k) {
+        const int64_t q = pairs[k0 + k];
+        rows[k] = gy + (q / p.top_k) * p.hidden;
+        scales[k] = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
+      }
       const PassShape shape{k0 == 0, k0 + m == n};
-      int64_t j = t0;
-      if (shape.last && stream_output && stream_aligned(out + t0))
-        for (; j + kStep <= t1; j += kStep)
-          for (int64_t w = 0; w < kStep; w += Ops::W)
-            pairs_columns<Ops, Tag, true>(p, pairs + k0, scales, m, j + w, shape, buffer,
-                                          j + w - t0, out);
-      for (; j + Ops::W <= t1; j += Ops::W)
-        pairs_columns<Ops, Tag, false>(p, pairs + k0, scales, m, j, shape, buffer, j - t0, out);
-      for (; j < t1; ++j)
-        pairs_columns<FinalizeScalarOps, Tag, false>(p, pairs + k0, scales, m, j, shape, buffer,
-                                                     j - t0, out);
+      visit_columns<Ops>(out, t0, t1, shape.last && stream_output, [&](auto step, int64_t j) {
+        using Step = decltype(step);
+        pairs_columns<typename Step::Ops, Tag, Step::kVectors, Step::kStream>(
+            rows, scales, m, j, shape, buffer, j - t0, out);
+      });
     }
   }
 }
 
-/// grad_scales of one pair in the atlas_a2 order: chunks of p.chunk products; in each, a 512-lane
-/// adjacent-pair tree per group of 512 (missing lanes +0), the group sums added in order; the
-/// chunk sums added in order from +0.
-template <class Ops, class Tag>
-float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, const typename Tag::storage* x,
-                      const typename Tag::storage* bias, const typename Tag::storage* gy) {
+/// The atlas_a2 order of grad_scales: chunks of p.chunk products; in each, a 512-lane
+/// adjacent-pair tree per group of 512 (missing lanes +0; `group(g0, n)` is the tree of the n
+/// columns from g0), the group sums added in order; the chunk sums added in order from +0.
+template <class Group>
+float atlas_a2_order(const FinalizeRoutingGradProblem& p, const Group& group) {
   constexpr int64_t G = detail::kGradScalesGroup;
-  alignas(64) float lanes[G];
   float total = 0.0f;
   for (int64_t c0 = 0; c0 < p.hidden; c0 += p.chunk) {
     const int64_t c1 = p.hidden - c0 < p.chunk ? p.hidden : c0 + p.chunk;
     float chunk_sum = 0.0f;
-    for (int64_t g0 = c0; g0 < c1; g0 += G) {
-      const int64_t n = c1 - g0 < G ? c1 - g0 : G;
-      Ops::template products<Tag>(x + g0, bias != nullptr ? bias + g0 : nullptr, gy + g0, n, lanes);
-      for (int64_t k = n; k < G; ++k) lanes[k] = 0.0f;
-      chunk_sum = chunk_sum + Ops::tree(lanes, G);
-    }
+    for (int64_t g0 = c0; g0 < c1; g0 += G)
+      chunk_sum = chunk_sum + group(g0, c1 - g0 < G ? c1 - g0 : G);
     total = total + chunk_sum;
   }
   return total;
+}
+
+/// grad_scales of one pair in the atlas_a2 order.
+template <class Ops, class Tag>
+float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, Products<typename Tag::storage> pr) {
+  return atlas_a2_order(p, [&](int64_t g0, int64_t n) {
+    return Ops::template product_tree<Tag>(pr.at(g0), n, detail::kGradScalesGroup, 0, 0);
+  });
+}
+
+/// A row of grad_expanded_x named by one pair (grad_y row `pr.gy` times `scale`) and the pair's
+/// grad_scales in the atlas_a2 order, in one pass over the columns (out 32-byte aligned where
+/// Stream; with `prefetch`, grad_y's lines requested ahead inside the row).
+template <class Ops, class Tag, bool Stream>
+float scaled_row_and_atlas_a2(const FinalizeRoutingGradProblem& p,
+                              Products<typename Tag::storage> pr, float scale,
+                              typename Tag::storage* out, bool prefetch) {
+  return atlas_a2_order(p, [&](int64_t g0, int64_t n) {
+    return Ops::template scaled_row_and_tree<Tag, Stream>(pr.at(g0), scale, out + g0, n,
+                                                          prefetch ? p.hidden - g0 : 0);
+  });
 }
 
 /// Bits of k reversed over `bits` bits.
@@ -383,35 +542,22 @@ inline int64_t bit_reverse(int64_t k, int bits) {
 /// s = 0, 1, ...: computed here leaf by leaf with a binary-counter stack, so no block sum is stored
 /// and every block tree is computed once.
 template <class Ops, class Tag>
-float reduce_ascend_950(const FinalizeRoutingGradProblem& p, const typename Tag::storage* x,
-                        const typename Tag::storage* bias, const typename Tag::storage* gy) {
+float reduce_ascend_950(const FinalizeRoutingGradProblem& p, Products<typename Tag::storage> pr) {
   constexpr int64_t B = detail::kGradScalesBlock;
   const int64_t H = p.hidden;
-  alignas(64) float lanes[B], folded[B];
-  auto products = [&](int64_t j, int64_t n, float* dst) {
-    Ops::template products<Tag>(x + j, bias != nullptr ? bias + j : nullptr, gy + j, n, dst);
-  };
-  if (H <= B) {
-    products(0, H, lanes);
-    for (int64_t k = H; k < B; ++k) lanes[k] = 0.0f;
-    return Ops::tree(lanes, B);
-  }
+  if (H <= B) return Ops::template product_tree<Tag>(pr, H, B, 0, 0);
   const int64_t Q = detail::grad_scales_fold(H);
   const int64_t blocks = Q / B;
   const int64_t sums = blocks < B ? blocks : B;  // u[m], m < sums
   const int64_t leaves = blocks / sums;          // block sums per u[m]
   int leaf_bits = 0;
   while ((int64_t(1) << leaf_bits) < leaves) ++leaf_bits;
-  auto block_sum = [&](int64_t b) {
-    const int64_t j0 = b * B;
-    products(j0, B, lanes);
-    const int64_t folded_end = H - Q;  // y[j] = p[j] + p[j + Q] for j < H - Q
-    if (j0 < folded_end) {
-      const int64_t n = folded_end - j0 < B ? folded_end - j0 : B;
-      products(j0 + Q, n, folded);
-      for (int64_t k = 0; k < n; ++k) lanes[k] = lanes[k] + folded[k];
-    }
-    return Ops::tree(lanes, B);
+  auto block_sum = [&](int64_t b) {  // y[j] = p[j] + p[j + Q] for j < H - Q
+    const int64_t j0 = b * B, folded = H - Q - j0;
+    return Ops::template product_tree<Tag>(pr.at(j0), B, B, Q,
+                                           folded < 0   ? 0
+                                           : folded < B ? folded
+                                                        : B);
   };
   alignas(64) float u[B];
   for (int64_t m = 0; m < B; ++m) u[m] = 0.0f;
@@ -445,23 +591,39 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
     const int64_t n = p.row_offsets[r + 1] - p.row_offsets[r];
     if (r + 1 < row_end) {  // the next row's first grad_y lines (the prefetchers' blind spot)
       const int64_t next = p.row_offsets[r + 1];
+      const int lines = args.prefetch ? int(kFinalizePrefetchBytes / 64) : kFinalizePrefetchLines;
       if (p.row_offsets[r + 2] > next)
-        for (int l = 0; l < kFinalizePrefetchLines && 64 * l < H * int64_t(sizeof(S)); ++l)
+        for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l)
           __builtin_prefetch(
               reinterpret_cast<const char*>(gy + (p.row_pairs[next] / p.top_k) * H) + 64 * l, 0, 3);
     }
-    sum_pairs_row<Ops, Tag>(p, pairs, n, 0, H, static_cast<S*>(p.grad_expanded_x) + r * H,
-                            args.stream_output);
-    if (p.grad_scales == nullptr) continue;
+    S* out = static_cast<S*>(p.grad_expanded_x) + r * H;
     const S* x = static_cast<const S*>(p.expanded_x) + r * H;
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t q = pairs[k];
+    auto products = [&](int64_t q) {
       const S* bias =
           p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
-      const S* g = gy + (q / p.top_k) * H;
-      const float sum = p.tree_order ? reduce_atlas_a2<Ops, Tag>(p, x, bias, g)
-                                     : reduce_ascend_950<Ops, Tag>(p, x, bias, g);
-      store_from_float(p.grad_scales, p.scales_dtype, q, sum);
+      return Products<S>{x, bias, gy + (q / p.top_k) * H};
+    };
+    // The usual row (one pair) under atlas_a2: its columns and its pair's sum in one pass, where
+    // its stores may stream from the row's start (else the general path's head is needed).
+    if (n == 1 && p.grad_scales != nullptr && p.tree_order &&
+        (!args.stream_output || stream_aligned(out))) {
+      const int64_t q = pairs[0];
+      const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
+      const float sum =
+          args.stream_output
+              ? scaled_row_and_atlas_a2<Ops, Tag, true>(p, products(q), scale, out, args.prefetch)
+              : scaled_row_and_atlas_a2<Ops, Tag, false>(p, products(q), scale, out, args.prefetch);
+      store_scale(p.grad_scales, p.scales_dtype, q, sum);
+      continue;
+    }
+    sum_pairs_row<Ops, Tag>(p, pairs, n, 0, H, out, args.stream_output);
+    if (p.grad_scales == nullptr) continue;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t q = pairs[k];
+      const float sum = p.tree_order ? reduce_atlas_a2<Ops, Tag>(p, products(q))
+                                     : reduce_ascend_950<Ops, Tag>(p, products(q));
+      store_scale(p.grad_scales, p.scales_dtype, q, sum);
     }
   }
   Ops::stream_fence();

@@ -6,8 +6,8 @@
 // Per ISA: the including translation unit defines MOE_ROUTING_CPU_ISA (baseline, avx2) first and
 // everything here lands in moe_routing::cpu::<isa>, so an out-of-line copy compiled with -mavx2
 // is a symbol of its own that the linker can never hand to the baseline path
-// (docs/ARCHITECTURE.md, "Per-ISA code"). Beyond moe_routing/dtype.h's element conversions it
-// calls nothing that baseline code shares.
+// (docs/ARCHITECTURE.md, "Per-ISA code"). Beyond moe_routing/dtype.h's element conversions,
+// which the tags inline (flatten), it calls nothing that baseline code shares.
 #pragma once
 
 #if !defined(MOE_ROUTING_CPU_ISA)
@@ -21,24 +21,28 @@
 namespace moe_routing::cpu::MOE_ROUTING_CPU_ISA {
 
 /// The element types. widen: exact; round: to the type and back (round-to-nearest-even); narrow:
-/// round-to-nearest-even with the canonical NaN (docs/decisions.md §4).
+/// round-to-nearest-even with the canonical NaN (docs/decisions.md §4). flatten inlines
+/// dtype.h's conversions into these per-ISA members wherever they are called from: a kernel
+/// with many column tails may make the compiler emit a conversion out of line, and a copy
+/// compiled for AVX2 under its shared name could be linked into the baseline path (the members
+/// themselves are per-ISA symbols).
 struct Fp32Tag {
   using storage = float;
   static float widen(const float* p) { return *p; }
   static float round(float v) { return v; }
-  static void narrow(float* p, float v) { *p = canonicalize_nan(v); }
+  [[gnu::flatten]] static void narrow(float* p, float v) { *p = canonicalize_nan(v); }
 };
 struct Fp16Tag {
   using storage = uint16_t;
-  static float widen(const uint16_t* p) { return fp16_to_float(*p); }
-  static float round(float v) { return fp16_to_float(float_to_fp16(v)); }
-  static void narrow(uint16_t* p, float v) { *p = float_to_fp16(v); }
+  [[gnu::flatten]] static float widen(const uint16_t* p) { return fp16_to_float(*p); }
+  [[gnu::flatten]] static float round(float v) { return fp16_to_float(float_to_fp16(v)); }
+  [[gnu::flatten]] static void narrow(uint16_t* p, float v) { *p = float_to_fp16(v); }
 };
 struct Bf16Tag {
   using storage = uint16_t;
-  static float widen(const uint16_t* p) { return bf16_to_float(*p); }
-  static float round(float v) { return bf16_to_float(float_to_bf16(v)); }
-  static void narrow(uint16_t* p, float v) { *p = float_to_bf16(v); }
+  [[gnu::flatten]] static float widen(const uint16_t* p) { return bf16_to_float(*p); }
+  [[gnu::flatten]] static float round(float v) { return bf16_to_float(float_to_bf16(v)); }
+  [[gnu::flatten]] static void narrow(uint16_t* p, float v) { *p = float_to_bf16(v); }
 };
 
 /// One float per "vector": the definition every vector Ops has the same members as and reproduces

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,21 @@ inline GradResult run_finalize_grad_case(FinalizeGradCase& c, const Runner& runn
 
 inline ::testing::AssertionResult grad_results_equal(const GradResult& a, const GradResult& b) {
   return as_assertion(difference(a, b));
+}
+
+/// The CPU kernels' column-loop boundaries: `fn(h, dtype_variant, numerics, streamed)` for every
+/// hidden size of `widths`, dtype and numerics, first with the outputs written through the
+/// cache, then with every output streamed (which also turns on the prefetches ahead). Rows of an
+/// odd length start at every alignment, so streamed rows also begin with their cached head.
+template <class Fn>
+void for_each_column_boundary(std::initializer_list<int64_t> widths, Fn fn) {
+  for (bool streamed : {false, true}) {
+    std::unique_ptr<StreamingThresholdOverride> small;
+    if (streamed) small = std::make_unique<StreamingThresholdOverride>(1);
+    for (int64_t h : widths)
+      for (const DtypeVariant& d : kFinalizeDtypes)
+        for (Numerics numerics : kFinalizeNumerics) fn(h, d, numerics, streamed);
+  }
 }
 
 }  // namespace moe_routing::testing

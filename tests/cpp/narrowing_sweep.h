@@ -220,9 +220,10 @@ inline void reference_float16(uint32_t first, const float* in, int64_t n, uint16
     if (is_nan_pattern(first + uint32_t(i))) out[i] = kExpectedNanFloat16;
 }
 
-/// The AVX2 grad kernel's own narrowing primitives (narrowing_avx2_kernel_copy.cpp) applied to n
-/// floats (a multiple of 8): float16, bfloat16 and the canonical-NaN float32 store.
+/// The AVX2 kernels' own narrowing primitives (narrowing_avx2_kernel_copy.cpp) applied to n
+/// floats (a multiple of 16): float16, bfloat16 (round_bf16_high, and the 16-column store_bf16,
+/// results in input order) and the canonical-NaN float32 store.
 void avx2_kernel_narrowing(const float* in, int64_t n, uint16_t* float16, uint16_t* bfloat16,
-                           uint32_t* float32);
+                           uint16_t* bfloat16_store, uint32_t* float32);
 
 }  // namespace moe_routing::testing

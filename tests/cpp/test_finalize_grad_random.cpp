@@ -76,6 +76,23 @@ TEST(FinalizeGradRandom, GradScalesOrdersAtTheirShapeChanges) {
       }
 }
 
+TEST(FinalizeGradRandom, OnePairRowsAtVectorAndGroupBoundariesMatchTheReference) {
+  // A row named by one pair takes the one-pass path (its columns and its pair's atlas_a2 sum
+  // together) where its stores may stream from its start; streamed rows that start off the
+  // boundary take the general path (cached head). H around the vectors (16 columns), the column
+  // steps (64) and the 512-column groups, ragged last groups included.
+  testing::Random rng(512);
+  testing::for_each_column_boundary(
+      {15, 16, 17, 63, 64, 65, 496, 511, 512, 513, 528, 1040},
+      [&](int64_t h, const testing::DtypeVariant& d, Numerics numerics, bool) {
+        GradOptions o;
+        o.bias = h % 2 == 0, o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.1;
+        FinalizeGradCase c =
+            testing::make_finalize_grad_case(rng, d.dtype, 0, numerics, o, 5, 2, h);
+        expect_all_runners_match(c);
+      });
+}
+
 TEST(FinalizeGradRandom, LongPairListsMatchTheReference) {
   // Experts with hundreds of pairs and rows named by dozens (more than one pass of
   // kFinalizeTermsPerPass pairs), over more than one column tile of kFinalizeAccColumns.

@@ -102,6 +102,21 @@ TEST(FinalizeRandom, TrainingShapedRowsMatchTheReference) {
   }
 }
 
+TEST(FinalizeRandom, ColumnStepBoundariesMatchTheReference) {
+  // The column loops: full steps of kColumnStepVectors vectors (64 columns with AVX2), then one
+  // vector, then single columns; streamed, also the cached head before a row's first 32-byte
+  // boundary and the prefetches ahead inside the rows.
+  testing::Random rng(64);
+  testing::for_each_column_boundary(
+      {15, 16, 17, 63, 64, 65, 80, 127, 128, 129, 143, 200},
+      [&](int64_t h, const testing::DtypeVariant& d, Numerics numerics, bool streamed) {
+        FinalizeOptions o;
+        o.scales = true, o.mixed_scales = d.mixed_scales, o.x1 = h % 2 == 1, o.bias = h % 3 == 0;
+        FinalizeCase c = testing::make_finalize_case(rng, d.dtype, 2, numerics, o, 3, 3, h);
+        expect_all_runners_match(c, describe_case(c) + (streamed ? " streamed" : ""));
+      });
+}
+
 TEST(FinalizeRandom, StreamedOutputsMatchTheReference) {
   testing::StreamingThresholdOverride small(1);  // every output streams
   testing::Random rng(5);

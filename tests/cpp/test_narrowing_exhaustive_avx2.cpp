@@ -1,4 +1,4 @@
-// The AVX2 kernels' narrowing primitives (Avx2Ops::narrow_fp16, round_bf16_high and
+// The AVX2 kernels' narrowing primitives (Avx2Ops::narrow_fp16, round_bf16_high, store_bf16 and
 // canonical_fp32 in src/cpu/avx2_vector.h, reached through narrowing_avx2_kernel_copy.cpp)
 // against the x86 hardware conversions for all 2^32 float32 bit patterns, with the references of
 // test_narrowing_exhaustive.cpp: F16C for float16, AVX512_BF16 or the exact model for bfloat16,
@@ -23,13 +23,14 @@ TEST(ExhaustiveNarrowing, Avx2KernelNarrowingMatchesTheHardwareForEveryFloat32) 
   const bool hardware_bf16 = testing::cpu_has_avx512_bf16();
   std::printf("bfloat16 reference: %s\n", testing::bfloat16_reference_name(hardware_bf16));
   const std::vector<Tally> tallies = testing::sweep_every_float32(
-      3, [hardware_bf16](uint32_t first, const float* in, int64_t n, Tally* t) {
+      4, [hardware_bf16](uint32_t first, const float* in, int64_t n, Tally* t) {
         thread_local std::vector<uint16_t> float16(testing::kSweepBlockSize),
-            bfloat16(testing::kSweepBlockSize), expected16(testing::kSweepBlockSize),
-            expected_bf(testing::kSweepBlockSize);
+            bfloat16(testing::kSweepBlockSize), bfloat16_store(testing::kSweepBlockSize),
+            expected16(testing::kSweepBlockSize), expected_bf(testing::kSweepBlockSize);
         thread_local std::vector<uint32_t> float32(testing::kSweepBlockSize),
             expected32(testing::kSweepBlockSize);
-        testing::avx2_kernel_narrowing(in, n, float16.data(), bfloat16.data(), float32.data());
+        testing::avx2_kernel_narrowing(in, n, float16.data(), bfloat16.data(),
+                                       bfloat16_store.data(), float32.data());
         testing::reference_float16(first, in, n, expected16.data());
         testing::reference_bfloat16(first, in, n, hardware_bf16, expected_bf.data());
         for (int64_t i = 0; i < n; ++i) {
@@ -40,9 +41,10 @@ TEST(ExhaustiveNarrowing, Avx2KernelNarrowingMatchesTheHardwareForEveryFloat32) 
         t[0].add_block(first, float16.data(), expected16.data(), n);
         t[1].add_block(first, bfloat16.data(), expected_bf.data(), n);
         t[2].add_block(first, float32.data(), expected32.data(), n);
+        t[3].add_block(first, bfloat16_store.data(), expected_bf.data(), n);
       });
-  const char* names[] = {"narrow_fp16", "round_bf16_high", "canonical_fp32"};
-  for (int c = 0; c < 3; ++c) {
+  const char* names[] = {"narrow_fp16", "round_bf16_high", "canonical_fp32", "store_bf16"};
+  for (int c = 0; c < 4; ++c) {
     EXPECT_EQ(tallies[size_t(c)].mismatches, 0u) << testing::describe(names[c], tallies[size_t(c)]);
     EXPECT_TRUE(tallies[size_t(c)].covers_every_pattern())
         << names[c] << ": " << tallies[size_t(c)].compared << " non-NaN and "

@@ -15,11 +15,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <sstream>
 #include <thread>
 
@@ -311,6 +313,29 @@ std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
   return data;
 }
 
+/// A zeroed buffer whose `data` starts on a 64-byte boundary, as PyTorch's CPU allocator places
+/// tensors. glibc puts a large block 16 bytes past a page boundary, so every row (a multiple of
+/// 32 bytes long) of such a tensor starts 16 bytes off the 32-byte boundary that the streaming
+/// stores need: the combine's kernels then write a few columns of every row through the cache
+/// first, and the grad's one-pass path for one-pair rows is not taken. `bytes` (with the
+/// padding, zero) is what --verify compares.
+struct AlignedBuffer {
+  std::vector<uint8_t> bytes;
+  uint8_t* data = nullptr;
+};
+AlignedBuffer aligned_buffer(size_t size) {
+  AlignedBuffer b;
+  b.bytes.assign(size + 64, 0);
+  b.data = b.bytes.data() + (64 - reinterpret_cast<uintptr_t>(b.bytes.data()) % 64) % 64;
+  return b;
+}
+/// aligned_buffer of `count` random elements (as random_floats).
+AlignedBuffer aligned_random_floats(int64_t count, DType dtype, uint64_t seed) {
+  AlignedBuffer b = aligned_buffer(size_t(count) * dtype_size(dtype));
+  cases::fill_random(b.data, dtype, count, seed);
+  return b;
+}
+
 struct Row {
   std::string op, scenario, shape;
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0;
@@ -333,29 +358,44 @@ struct Row {
 /// tensors has them (the torch binding's functional operators): from the allocator, never written
 /// (glibc maps a large one anew: the kernel's stores fault its pages in), with huge pages asked
 /// for as the binding asks (detail::advise_huge_pages) when `huge_pages`.
+/// An output buffer time_call writes into: a vector's bytes, or an AlignedBuffer's aligned ones.
+struct OutputBuffer {
+  OutputBuffer(std::vector<uint8_t>* v) : data(v->data()), size(v->size()) {}    // NOLINT
+  OutputBuffer(AlignedBuffer* b) : data(b->data), size(b->bytes.size() - 64) {}  // NOLINT
+  uint8_t* data;
+  size_t size;
+};
+
 class FreshOutputs {
  public:
-  FreshOutputs(const std::vector<std::vector<uint8_t>*>& like, bool huge_pages) {
-    for (const std::vector<uint8_t>* buffer : like) {
-      // Uninitialised, so not touched; buffers under a page come from the allocator's heap
-      // anyway and are zeroed, so that bytes no kernel writes compare equal (equals).
-      const size_t bytes = buffer->size();
-      buffers_.emplace_back(bytes < 4096 ? new uint8_t[bytes]() : new uint8_t[bytes]);
-      if (huge_pages) detail::advise_huge_pages(buffers_.back().get(), int64_t(buffer->size()));
-      pointers_.push_back(buffers_.back().get());
+  FreshOutputs(const std::vector<OutputBuffer>& like, bool huge_pages) {
+    for (const OutputBuffer& buffer : like) {
+      // Uninitialised, so not touched, and 64-byte aligned as PyTorch's CPU allocator aligns;
+      // buffers under a page come from the allocator's heap anyway and are zeroed, so that bytes
+      // no kernel writes compare equal (equals).
+      const size_t bytes = buffer.size;
+      uint8_t* data = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64));
+      if (data == nullptr) throw std::bad_alloc();
+      if (bytes < 4096) std::memset(data, 0, bytes);
+      buffers_.emplace_back(data);
+      if (huge_pages) detail::advise_huge_pages(data, int64_t(bytes));
+      pointers_.push_back(data);
     }
   }
   const std::vector<uint8_t*>& pointers() const { return pointers_; }
   /// Whether every buffer holds the bytes of its counterpart in `like`.
-  bool equals(const std::vector<std::vector<uint8_t>*>& like) const {
+  bool equals(const std::vector<OutputBuffer>& like) const {
     for (size_t i = 0; i < like.size(); ++i)
-      if (!like[i]->empty() && std::memcmp(pointers_[i], like[i]->data(), like[i]->size()) != 0)
+      if (like[i].size != 0 && std::memcmp(pointers_[i], like[i].data, like[i].size) != 0)
         return false;
     return true;
   }
 
  private:
-  std::vector<std::unique_ptr<uint8_t[]>> buffers_;
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<uint8_t, Free>> buffers_;
   std::vector<uint8_t*> pointers_;
 };
 
@@ -481,9 +521,9 @@ class BenchCommand : public Command {
     using Buffers = std::vector<uint8_t*>;
     using Call = std::function<Status(const ExecConfig&, const Buffers&)>;
     auto time_call = [&](Row row, const Call& timed_call,
-                         const std::vector<std::vector<uint8_t>*>& outputs) -> Status {
+                         const std::vector<OutputBuffer>& outputs) -> Status {
       Buffers preallocated;
-      for (std::vector<uint8_t>* o : outputs) preallocated.push_back(o->data());
+      for (const OutputBuffer& o : outputs) preallocated.push_back(o.data);
       auto call = [&] { return timed_call(config, preallocated); };
       // A functional call: outputs allocated for it, and freed after it (both timed).
       auto fresh_call = [&](bool huge_pages) {
@@ -558,9 +598,10 @@ class BenchCommand : public Command {
         MOE_ROUTING_RETURN_IF_ERROR(timed_call(config, fresh.pointers()));
         row.verified = fresh.equals(outputs);
         std::vector<std::vector<uint8_t>> kernels;
-        for (const std::vector<uint8_t>* o : outputs) kernels.push_back(*o);
+        for (const OutputBuffer& o : outputs) kernels.emplace_back(o.data, o.data + o.size);
         MOE_ROUTING_RETURN_IF_ERROR(timed_call(reference, preallocated));
-        for (size_t i = 0; i < outputs.size(); ++i) row.verified &= kernels[i] == *outputs[i];
+        for (size_t i = 0; i < outputs.size(); ++i)
+          row.verified &= std::equal(kernels[i].begin(), kernels[i].end(), outputs[i].data);
         if (!row.verified) {
           ++failed;
           std::fprintf(stderr, "[bench] verify: %s %s %s N=%lld differs from the reference\n",
@@ -670,16 +711,17 @@ class BenchCommand : public Command {
           // scales [N, K].
           const std::vector<int32_t> rows_of_pairs =
               forward_expanded_row_idx(expert_idx, K, routing_scenarios(n, K, E)[0]);
+          // Every tensor 64-byte aligned, as PyTorch's (see AlignedBuffer).
           const int64_t R = n * K;
-          std::vector<uint8_t> expanded = random_floats(R * H, dtype, 11);
+          AlignedBuffer expanded = aligned_random_floats(R * H, dtype, 11);
           // float32 scales with bfloat16 data (the mixed-precision case of real models), else
           // scales of the data's dtype (the only other kind the operator takes).
           const DType scales_dtype = dtype == DType::bfloat16 ? DType::float32 : dtype;
           const double ssize = double(dtype_size(scales_dtype));
-          std::vector<uint8_t> scales = random_floats(n * K, scales_dtype, 13);
-          const TensorView ev(expanded.data(), dtype, {R, H});
+          AlignedBuffer scales = aligned_random_floats(n * K, scales_dtype, 13);
+          const TensorView ev(expanded.data, dtype, {R, H});
           const TensorView rv(const_cast<int32_t*>(rows_of_pairs.data()), DType::int32, {R});
-          const TensorView sv(scales.data(), scales_dtype, {n, K});
+          const TensorView sv(scales.data, scales_dtype, {n, K});
           if (do_finalize) {
             MoeFinalizeRoutingInputs in;
             in.expanded_x = ev;
@@ -688,7 +730,7 @@ class BenchCommand : public Command {
             MoeFinalizeRoutingAttrs attrs;
             attrs.drop_pad_mode = 2;
             attrs.numerics = numerics;
-            std::vector<uint8_t> out(size_t(n * H) * size_t(esize), 0);
+            AlignedBuffer out = aligned_buffer(size_t(n * H) * size_t(esize));
             Row row = base;
             row.op = "finalize";
             row.scenario = "dropless";
@@ -703,16 +745,16 @@ class BenchCommand : public Command {
             if (!s.is_ok()) return report_error(s);
           }
           if (do_finalize_grad) {
-            std::vector<uint8_t> grad_y = random_floats(n * H, dtype, 17);
+            AlignedBuffer grad_y = aligned_random_floats(n * H, dtype, 17);
             MoeFinalizeRoutingGradInputs in;
-            in.grad_y = TensorView(grad_y.data(), dtype, {n, H});
+            in.grad_y = TensorView(grad_y.data, dtype, {n, H});
             in.expanded_row_idx = rv;
             in.expanded_x = ev;
             in.scales = sv;
             MoeFinalizeRoutingGradAttrs attrs;
             attrs.numerics = numerics;
-            std::vector<uint8_t> grad_expanded(size_t(R * H) * size_t(esize), 0);
-            std::vector<uint8_t> grad_scales(size_t(R) * size_t(ssize), 0);
+            AlignedBuffer grad_expanded = aligned_buffer(size_t(R * H) * size_t(esize));
+            AlignedBuffer grad_scales = aligned_buffer(size_t(R) * size_t(ssize));
             MoeFinalizeRoutingGradPlan plan;
             Status s = infer_moe_finalize_routing_grad(in, attrs, &plan);
             if (!s.is_ok()) return report_error(s);
