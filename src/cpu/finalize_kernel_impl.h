@@ -598,7 +598,8 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
               reinterpret_cast<const char*>(gy + (p.row_pairs[next] / p.top_k) * H) + 64 * l, 0, 3);
     }
     S* out = static_cast<S*>(p.grad_expanded_x) + r * H;
-    const S* x = static_cast<const S*>(p.expanded_x) + r * H;
+    // expanded_x is absent when grad_scales is not computed (no pointer arithmetic on null).
+    const S* x = p.expanded_x != nullptr ? static_cast<const S*>(p.expanded_x) + r * H : nullptr;
     auto products = [&](int64_t q) {
       const S* bias =
           p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
