@@ -181,6 +181,7 @@ if [ -n "$copy_gbps" ] && "$python" -c "import torch, sys; sys.exit(0 if torch.c
       cp "$root"/python/moe_routing/*.py "$ep_package/moe_routing/" &&
       cp -r "$root/python/moe_routing/distributed" "$ep_package/moe_routing/" &&
       cp "$ext" "$ep_package/moe_routing/" &&
+      cp "$(find "$ext_build" -name _torch_build.py | head -1)" "$ep_package/moe_routing/" &&
       PYTHONPATH=$ep_package timeout 300 "$python" "$root/tools/gpu_check_ep.py" ||
       fail "expert parallelism on CUDA with NCCL (tools/gpu_check_ep.py)"
   elif [ -n "$ext_pid" ]; then
