@@ -35,8 +35,9 @@ void expect_all_runners_match(FinalizeGradCase& c) {
         << runners[r].name() << ' ' << describe_case(c);
 }
 
-TEST(FinalizeGradRandom, EveryDtypeModeNumericsAndOptionMatchesTheReference) {
-  testing::Random rng(314159);
+/// Every dtype x drop_pad_mode x numerics x optional input/output combination, in random sizes
+/// (rows named several times, dropped and active-cut pairs).
+void expect_every_option_matches(testing::Random& rng) {
   for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
     for (int64_t mode = 0; mode < 2; ++mode)
       for (Numerics numerics : testing::kFinalizeNumerics)
@@ -57,6 +58,19 @@ TEST(FinalizeGradRandom, EveryDtypeModeNumericsAndOptionMatchesTheReference) {
                   testing::make_finalize_grad_case(rng, d.dtype, mode, numerics, o, n, k, h);
               expect_all_runners_match(c);
             }
+}
+
+TEST(FinalizeGradRandom, EveryDtypeModeNumericsAndOptionMatchesTheReference) {
+  testing::Random rng(314159);
+  expect_every_option_matches(rng);
+}
+
+TEST(FinalizeGradRandom, EveryOptionInPairOrderMatchesTheReference) {
+  // Outputs beyond the streaming threshold (here: all) take the pair order: the rows named by
+  // one pair are visited token by token, the others (none, several) in row order afterwards.
+  testing::StreamingThresholdOverride small(1);
+  testing::Random rng(271828);
+  expect_every_option_matches(rng);
 }
 
 TEST(FinalizeGradRandom, GradScalesOrdersAtTheirShapeChanges) {
