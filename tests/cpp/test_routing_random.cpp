@@ -209,42 +209,46 @@ TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
                   .is_ok());
 }
 
-TEST(RoutingRandom, LargeOutputsTakeTheStreamingCopyPathBitExactly) {
-  // expanded_x of >= the threshold (forced to 8 MiB here) is written with non-temporal stores;
-  // H = 1031 bf16 makes rows start at every 16-byte alignment, so the aligned, unaligned-head and
-  // tail paths all run, for both ISAs.
-  const testing::StreamingThresholdOverride threshold(int64_t(8) << 20);
-  Random rng(12);
-  const int64_t N = 512, K = 8, H = 1031, E = 16;
-  std::vector<int32_t> ids(size_t(N * K));
-  for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));
-  std::vector<float> x = random_values(rng, N * H, false);
-  struct Variant {
-    int64_t row_idx_type, drop_pad, active_num;
-  };
-  for (const Variant v : {Variant{0, 0, -1}, Variant{1, 0, 3000}, Variant{0, 1, -1}}) {
-    ForwardCase c;
-    c.x = Tensor::floats(DType::bfloat16, {N, H}, x);
-    std::vector<int32_t> case_ids = ids;
-    if (v.drop_pad)
-      for (int32_t& id : case_ids) id = id < 0 ? 0 : (id >= E ? E - 1 : id);
-    c.expert_idx = Tensor::int32s({N, K}, case_ids);
-    c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
-    c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
-    c.attrs.expert_num = E;
-    c.attrs.row_idx_type = v.row_idx_type;
-    c.attrs.drop_pad_mode = v.drop_pad;
-    c.attrs.expert_capacity = v.drop_pad ? 300 : -1;
-    c.attrs.active_num = v.active_num;
-    ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
-    ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
-    for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
-      if (!cpu_isa_available(isa)) continue;
-      for (int threads : {1, 2, 5})
-        EXPECT_TRUE(
-            testing::same_result(expected, testing::run_forward(c, {Backend::cpu, isa, threads})))
-            << cpu_isa_name(isa) << ", " << threads << " threads, row_idx_type " << v.row_idx_type
-            << " drop_pad " << v.drop_pad;
+TEST(RoutingRandom, EveryWriteOrderOfExpandedXIsBitExact) {
+  // expanded_x of >= the threshold is written with non-temporal stores, token by token; below
+  // it, token by token while x exceeds 1/16 of the threshold, else in destination order. With
+  // x 1.06 MB and expanded_x 6.2-9.9 MB: 8 MiB streams (or scatters), 16 MiB scatters through
+  // the cache, 32 MiB writes in destination order. H = 1031 bf16 makes rows start at every
+  // 16-byte alignment, so the aligned, unaligned-head and tail paths all run, for both ISAs.
+  for (const int64_t mib : {8, 16, 32}) {
+    const testing::StreamingThresholdOverride threshold(mib << 20);
+    Random rng(12);
+    const int64_t N = 512, K = 8, H = 1031, E = 16;
+    std::vector<int32_t> ids(size_t(N * K));
+    for (int32_t& id : ids) id = int32_t(rng.integer(-1, E));
+    std::vector<float> x = random_values(rng, N * H, false);
+    struct Variant {
+      int64_t row_idx_type, drop_pad, active_num;
+    };
+    for (const Variant v : {Variant{0, 0, -1}, Variant{1, 0, 3000}, Variant{0, 1, -1}}) {
+      ForwardCase c;
+      c.x = Tensor::floats(DType::bfloat16, {N, H}, x);
+      std::vector<int32_t> case_ids = ids;
+      if (v.drop_pad)
+        for (int32_t& id : case_ids) id = id < 0 ? 0 : (id >= E ? E - 1 : id);
+      c.expert_idx = Tensor::int32s({N, K}, case_ids);
+      c.topk_weight = Tensor::floats(DType::float32, {N, K}, random_values(rng, N * K, false));
+      c.scale = Tensor::floats(DType::float32, {N}, random_values(rng, N, false));
+      c.attrs.expert_num = E;
+      c.attrs.row_idx_type = v.row_idx_type;
+      c.attrs.drop_pad_mode = v.drop_pad;
+      c.attrs.expert_capacity = v.drop_pad ? 300 : -1;
+      c.attrs.active_num = v.active_num;
+      ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
+      ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
+      for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+        if (!cpu_isa_available(isa)) continue;
+        for (int threads : {1, 2, 5})
+          EXPECT_TRUE(
+              testing::same_result(expected, testing::run_forward(c, {Backend::cpu, isa, threads})))
+              << cpu_isa_name(isa) << ", " << threads << " threads, row_idx_type " << v.row_idx_type
+              << " drop_pad " << v.drop_pad << ", threshold " << mib << " MiB";
+      }
     }
   }
 }
