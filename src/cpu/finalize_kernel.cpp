@@ -42,13 +42,15 @@ int forward_threads(int64_t rows, int64_t top_k, int64_t hidden, DType dtype, in
   return detail::threads_for_bytes(detail::resolve_num_threads(num_threads), bytes);
 }
 
-/// The forward's prefetch distance for rows of `row_bytes`: the smallest power of two >=
-/// row_bytes / 16 within [256, 1024] bytes. Measured paired (bf16, K = 8, two threads, 4096
-/// tokens): at H = 7168 1 KiB is best (512 B: 4 % more time); at H = 4096 512 B takes 4 % less
-/// than 1 KiB (256 B ties with 512 B); at H = 2048 (4 KiB rows) 256 B takes 12 % less than 1 KiB
-/// (5 % at 1024 tokens). Each row's K sources are short streams: a long distance requests lines
-/// long before they are used, and past the row's end none are requested.
-int64_t finalize_prefetch_bytes(int64_t row_bytes) {
+/// The forward's prefetch distance for rows of `row_bytes` summed `top_k` at a time: with 8 or
+/// more, the smallest power of two >= row_bytes / 16 within [256, 1024] bytes, else 1 KiB.
+/// Measured paired (bf16, K = 8, two threads, 4096 tokens): at H = 7168 1 KiB is best (512 B: 4 %
+/// more time); at H = 4096 512 B takes 4 % less than 1 KiB (256 B ties with 512 B); at H = 2048
+/// (4 KiB rows) 256 B takes 12 % less than 1 KiB (5 % at 1024 tokens). Each row's K sources are
+/// short streams: a long distance requests lines long before they are used, and past the row's
+/// end none are requested. With K = 2 (Mixtral, H = 4096) 512 B measured slower than 1 KiB.
+int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k) {
+  if (top_k < 8) return 1024;
   int64_t bytes = 256;
   while (bytes < 1024 && bytes * 16 < row_bytes) bytes *= 2;
   return bytes;
@@ -102,7 +104,7 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
   // Sources beyond half the last-level cache are not expected to be in it (see
   // kFinalizePrefetchLines).
   if (saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
-    args.prefetch = finalize_prefetch_bytes(H * element);
+    args.prefetch = finalize_prefetch_bytes(H * element, K);
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto kernel = &baseline::finalize_kernel;
 #if defined(MOE_ROUTING_HAVE_AVX2)
@@ -178,26 +180,16 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
   const int64_t element = int64_t(dtype_size(p.dtype));
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto rows_kernel = &baseline::finalize_grad_rows;
-  auto tokens_kernel = &baseline::finalize_grad_tokens;
   auto bias_kernel = &baseline::finalize_grad_bias;
 #if defined(MOE_ROUTING_HAVE_AVX2)
   if (isa == CpuIsa::avx2) {
     rows_kernel = &avx2::finalize_grad_rows;
-    tokens_kernel = &avx2::finalize_grad_tokens;
     bias_kernel = &avx2::finalize_grad_bias;
   }
 #endif
-  FinalizeGradKernelArgs args{p, 0, 0, false, 0, false};
+  FinalizeGradKernelArgs args{p, 0, 0, false, false};
   args.stream_output = R * H * element >= detail::streaming_store_threshold();
-  if (R * H * element >= detail::streaming_store_threshold() / 2)
-    args.prefetch = kFinalizeGradPrefetchBytes;
-  // Rows beyond the caches: each grad_y row read once for its K rows, not once per row (measured
-  // paired, bf16, K = 8, two threads: 10-16 % less time at 4096 tokens, a tie at 1024, where
-  // grad_y mostly stays in the last-level cache; Mixtral's K = 2 at 4096 tokens: 21 % less).
-  args.token_order = args.prefetch > 0;
-  if (args.token_order)
-    detail::parallel_for(N, threads.rows,
-                         [&](int64_t begin, int64_t end) { tokens_kernel(args, begin, end); });
+  args.prefetch = R * H * element >= detail::streaming_store_threshold() / 2;
   detail::parallel_for(R, threads.rows,
                        [&](int64_t begin, int64_t end) { rows_kernel(args, begin, end); });
   if (p.grad_bias == nullptr || E == 0) return;

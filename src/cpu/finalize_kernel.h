@@ -35,30 +35,18 @@ struct FinalizeGradKernelArgs {
   int64_t bias_tile_width;
   int64_t bias_tiles_per_row;
   bool stream_output;  // write grad_expanded_x with non-temporal stores
-  /// As FinalizeKernelArgs::prefetch, for grad_y's rows (and, in token order, expanded_x's).
-  int64_t prefetch;
-  /// The rows named by exactly one pair go in pair order (finalize_grad_tokens), the others in
-  /// row order (finalize_grad_rows) after them: chosen with `prefetch` (rows beyond the caches).
-  bool token_order;
+  bool prefetch;       // request grad_y's lines ahead (rows far larger than the caches)
 };
-
-/// The grad's prefetch distance (its rows have one or two streams each, not K): measured paired
-/// at H = 2048, 4096 tokens, 1 KiB takes 3 % less time than 512 B and 8 % less than 256 B.
-constexpr int64_t kFinalizeGradPrefetchBytes = 1024;
 
 namespace baseline {
 void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end);
 void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end);
-void finalize_grad_tokens(const FinalizeGradKernelArgs& args, int64_t token_begin,
-                          int64_t token_end);
 void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
 }  // namespace baseline
 
 namespace avx2 {
 void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end);
 void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end);
-void finalize_grad_tokens(const FinalizeGradKernelArgs& args, int64_t token_begin,
-                          int64_t token_end);
 void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
 }  // namespace avx2
 

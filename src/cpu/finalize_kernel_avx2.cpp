@@ -95,13 +95,11 @@ struct FinalizeAvx2Ops : Avx2Ops {
   }
   /// out[j] = narrow(gy[j] * scale) for j < n (n <= 512; out 32-byte aligned where Stream), and
   /// the 512-lane product tree of columns [0, n): a row of grad_expanded_x with one pair and its
-  /// atlas_a2 group, in one pass over the columns (grad_y read once). grad_y's lines (and with
-  /// prefetch_x expanded_x's) are requested `prefetch` bytes ahead (0: none) while that stays
-  /// below column prefetch_left.
+  /// atlas_a2 group, in one pass over the columns (grad_y read once). grad_y's lines are
+  /// requested kFinalizePrefetchBytes ahead while that stays below column prefetch_left.
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
-                                   typename Tag::storage* out, int64_t n, int64_t prefetch,
-                                   int64_t prefetch_left, bool prefetch_x) {
+                                   typename Tag::storage* out, int64_t n, int64_t prefetch_left) {
     using S = typename Tag::storage;
     const S *x = pr.x, *bias = pr.bias, *gy = pr.gy;
     const V s = broadcast(scale);
@@ -115,14 +113,11 @@ struct FinalizeAvx2Ops : Avx2Ops {
         pairs[k] = product_pairs<Tag>(x, kBias ? bias : nullptr, g, k * W);
       };
       // Two vectors per step (a cache line of 16-bit grad_y), its lines requested ahead.
-      const int64_t ahead = prefetch > 0 ? prefetch / int64_t(sizeof(S)) : prefetch_left;
+      constexpr int64_t kAhead = kFinalizePrefetchBytes / int64_t(sizeof(S));
       for (; (k + 2) * W <= n; k += 2) {
-        if (k * W + ahead < prefetch_left)
-          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64) {
-            __builtin_prefetch(reinterpret_cast<const char*>(gy + k * W + ahead) + b, 0, 3);
-            if (prefetch_x)
-              __builtin_prefetch(reinterpret_cast<const char*>(x + k * W + ahead) + b, 0, 3);
-          }
+        if (k * W + kAhead < prefetch_left)
+          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(gy + k * W + kAhead) + b, 0, 3);
         column_vector(k);
         column_vector(k + 1);
       }
@@ -163,11 +158,6 @@ void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t
 
 void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end) {
   grad_rows_dispatch<FinalizeAvx2Ops>(args, row_begin, row_end);
-}
-
-void finalize_grad_tokens(const FinalizeGradKernelArgs& args, int64_t token_begin,
-                          int64_t token_end) {
-  grad_tokens_dispatch<FinalizeAvx2Ops>(args, token_begin, token_end);
 }
 
 void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {

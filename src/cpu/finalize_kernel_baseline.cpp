@@ -12,11 +12,6 @@ void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, i
   grad_rows_dispatch<FinalizeScalarOps>(args, row_begin, row_end);
 }
 
-void finalize_grad_tokens(const FinalizeGradKernelArgs& args, int64_t token_begin,
-                          int64_t token_end) {
-  grad_tokens_dispatch<FinalizeScalarOps>(args, token_begin, token_end);
-}
-
 void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end) {
   grad_bias_dispatch<FinalizeScalarOps>(args, unit_begin, unit_end);
 }

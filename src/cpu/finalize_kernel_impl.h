@@ -97,7 +97,7 @@ struct FinalizeScalarOps : ScalarOps {
   /// (the vector Ops do both in one pass).
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& products, float scale,
-                                   typename Tag::storage* out, int64_t n, int64_t, int64_t, bool) {
+                                   typename Tag::storage* out, int64_t n, int64_t) {
     for (int64_t j = 0; j < n; ++j) store<Tag>(out + j, Tag::widen(products.gy + j) * scale);
     return product_tree<Tag>(products, n, detail::kGradScalesGroup, 0, 0);
   }
@@ -162,10 +162,12 @@ inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, const Col
 /// is summed, the first lines of row i + 1's sources are requested (4 lines, as the grad kernel
 /// of moe_init_routing measured best, or where the sources are far larger than the caches,
 /// FinalizeKernelArgs::prefetch bytes), and there the full column steps request each source's
-/// lines that far ahead (finalize_prefetch_bytes). Measured (bf16, H = 2048-7168, K = 8, one
-/// thread): 25-45 % less time where the sources exceed the last-level cache, 10-20 % more where
-/// they sit in it (the requests are then pure overhead).
+/// lines that far ahead (256 B - 1 KiB by the row length, finalize_kernel.cpp). Measured (bf16,
+/// H = 2048-7168, K = 8, one thread): 25-45 % less time where the sources exceed the last-level
+/// cache, 10-20 % more where they sit in it (the requests are then pure overhead). The grad's
+/// grad_y rows, one stream each, are requested kFinalizePrefetchBytes ahead.
 constexpr int kFinalizePrefetchLines = 4;
+constexpr int64_t kFinalizePrefetchBytes = 1024;
 
 /// One non-skipped pair of a row, as its columns need it.
 template <class S>
@@ -518,10 +520,10 @@ float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, Products<typename Tag
 template <class Ops, class Tag, bool Stream>
 float scaled_row_and_atlas_a2(const FinalizeRoutingGradProblem& p,
                               Products<typename Tag::storage> pr, float scale,
-                              typename Tag::storage* out, int64_t prefetch, bool prefetch_x) {
+                              typename Tag::storage* out, bool prefetch) {
   return atlas_a2_order(p, [&](int64_t g0, int64_t n) {
-    return Ops::template scaled_row_and_tree<Tag, Stream>(pr.at(g0), scale, out + g0, n, prefetch,
-                                                          p.hidden - g0, prefetch_x);
+    return Ops::template scaled_row_and_tree<Tag, Stream>(pr.at(g0), scale, out + g0, n,
+                                                          prefetch ? p.hidden - g0 : 0);
   });
 }
 
@@ -576,59 +578,6 @@ float reduce_ascend_950(const FinalizeRoutingGradProblem& p, Products<typename T
   return Ops::tree(u, B);
 }
 
-/// Row r of grad_expanded_x (with `pairs`, its n pairs) and the grad_scales of its pairs.
-template <class Ops, class Tag>
-void grad_row(const FinalizeGradKernelArgs& args, int64_t r, const int32_t* pairs, int64_t n) {
-  using S = typename Tag::storage;
-  const FinalizeRoutingGradProblem& p = args.problem;
-  const int64_t H = p.hidden;
-  const S* gy = static_cast<const S*>(p.grad_y);
-  S* out = static_cast<S*>(p.grad_expanded_x) + r * H;
-  // expanded_x is absent when grad_scales is not computed (no pointer arithmetic on null).
-  const S* x = p.expanded_x != nullptr ? static_cast<const S*>(p.expanded_x) + r * H : nullptr;
-  auto products = [&](int64_t q) {
-    const S* bias =
-        p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
-    return Products<S>{x, bias, gy + (q / p.top_k) * H};
-  };
-  // The usual row (one pair) under atlas_a2: its columns and its pair's sum in one pass, where
-  // its stores may stream from the row's start (else the general path's head is needed).
-  if (n == 1 && p.grad_scales != nullptr && p.tree_order &&
-      (!args.stream_output || stream_aligned(out))) {
-    const int64_t q = pairs[0];
-    const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
-    const float sum = args.stream_output
-                          ? scaled_row_and_atlas_a2<Ops, Tag, true>(p, products(q), scale, out,
-                                                                    args.prefetch, args.token_order)
-                          : scaled_row_and_atlas_a2<Ops, Tag, false>(
-                                p, products(q), scale, out, args.prefetch, args.token_order);
-    store_scale(p.grad_scales, p.scales_dtype, q, sum);
-    return;
-  }
-  sum_pairs_row<Ops, Tag>(p, pairs, n, 0, H, out, args.stream_output);
-  if (p.grad_scales == nullptr) return;
-  for (int64_t k = 0; k < n; ++k) {
-    const int64_t q = pairs[k];
-    const float sum = p.tree_order ? reduce_atlas_a2<Ops, Tag>(p, products(q))
-                                   : reduce_ascend_950<Ops, Tag>(p, products(q));
-    store_scale(p.grad_scales, p.scales_dtype, q, sum);
-  }
-}
-
-/// Whether row r of grad_expanded_x is named by exactly one pair.
-inline bool single_pair_row(const FinalizeRoutingGradProblem& p, int64_t r) {
-  return p.row_offsets[r + 1] - p.row_offsets[r] == 1;
-}
-
-/// Requests the first `lines` lines of a row (at most the row's).
-template <class S>
-inline void prefetch_row_start(const S* row, int64_t hidden, int lines) {
-  for (int l = 0; l < lines && 64 * l < hidden * int64_t(sizeof(S)); ++l)
-    __builtin_prefetch(reinterpret_cast<const char*>(row) + 64 * l, 0, 3);
-}
-
-/// Rows [row_begin, row_end) of grad_expanded_x in row order; with args.token_order, only the
-/// rows not named by exactly one pair (grad_tokens did those).
 template <class Ops, class Tag>
 void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end) {
   using S = typename Tag::storage;
@@ -637,42 +586,45 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
   const int64_t H = p.hidden;
   const S* gy = static_cast<const S*>(p.grad_y);
   for (int64_t r = row_begin; r < row_end; ++r) {
-    if (args.token_order && single_pair_row(p, r)) continue;
     const int32_t* pairs = p.row_pairs + p.row_offsets[r];
     const int64_t n = p.row_offsets[r + 1] - p.row_offsets[r];
     if (r + 1 < row_end) {  // the next row's first grad_y lines (the prefetchers' blind spot)
       const int64_t next = p.row_offsets[r + 1];
-      const int lines = args.prefetch > 0 ? int(args.prefetch / 64) : kFinalizePrefetchLines;
+      const int lines = args.prefetch ? int(kFinalizePrefetchBytes / 64) : kFinalizePrefetchLines;
       if (p.row_offsets[r + 2] > next)
-        prefetch_row_start(gy + (p.row_pairs[next] / p.top_k) * H, H, lines);
+        for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l)
+          __builtin_prefetch(
+              reinterpret_cast<const char*>(gy + (p.row_pairs[next] / p.top_k) * H) + 64 * l, 0, 3);
     }
-    grad_row<Ops, Tag>(args, r, pairs, n);
-  }
-  Ops::stream_fence();
-}
-
-/// The rows named by exactly one pair, visited in pair order over tokens [token_begin,
-/// token_end): each grad_y row is read from memory once for its K rows (in row order it is read
-/// once per row, at scattered moments). Every row is computed exactly as grad_rows computes it.
-template <class Ops, class Tag>
-void grad_tokens(const FinalizeGradKernelArgs& args, int64_t token_begin, int64_t token_end) {
-  using S = typename Tag::storage;
-  detail::DefaultFloatEnvironment float_environment;
-  const FinalizeRoutingGradProblem& p = args.problem;
-  const int64_t H = p.hidden, K = p.top_k;
-  const S* gy = static_cast<const S*>(p.grad_y);
-  const S* x = static_cast<const S*>(p.expanded_x);
-  const int lines = args.prefetch > 0 ? int(args.prefetch / 64) : kFinalizePrefetchLines;
-  for (int64_t q = token_begin * K; q < token_end * K; ++q) {
-    const int64_t r = p.expanded_row_idx[q];
-    if (q + 1 < token_end * K) {  // the next pair's rows start where no prefetcher looks
-      const int64_t next = p.expanded_row_idx[q + 1];
-      if ((q + 1) % K == 0) prefetch_row_start(gy + ((q + 1) / K) * H, H, lines);
-      if (x != nullptr && next >= 0 && next < p.expanded_rows)
-        prefetch_row_start(x + next * H, H, lines);
+    S* out = static_cast<S*>(p.grad_expanded_x) + r * H;
+    // expanded_x is absent when grad_scales is not computed (no pointer arithmetic on null).
+    const S* x = p.expanded_x != nullptr ? static_cast<const S*>(p.expanded_x) + r * H : nullptr;
+    auto products = [&](int64_t q) {
+      const S* bias =
+          p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
+      return Products<S>{x, bias, gy + (q / p.top_k) * H};
+    };
+    // The usual row (one pair) under atlas_a2: its columns and its pair's sum in one pass, where
+    // its stores may stream from the row's start (else the general path's head is needed).
+    if (n == 1 && p.grad_scales != nullptr && p.tree_order &&
+        (!args.stream_output || stream_aligned(out))) {
+      const int64_t q = pairs[0];
+      const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
+      const float sum =
+          args.stream_output
+              ? scaled_row_and_atlas_a2<Ops, Tag, true>(p, products(q), scale, out, args.prefetch)
+              : scaled_row_and_atlas_a2<Ops, Tag, false>(p, products(q), scale, out, args.prefetch);
+      store_scale(p.grad_scales, p.scales_dtype, q, sum);
+      continue;
     }
-    if (r < 0 || r >= p.expanded_rows || !single_pair_row(p, r)) continue;
-    grad_row<Ops, Tag>(args, r, p.row_pairs + p.row_offsets[r], 1);
+    sum_pairs_row<Ops, Tag>(p, pairs, n, 0, H, out, args.stream_output);
+    if (p.grad_scales == nullptr) continue;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t q = pairs[k];
+      const float sum = p.tree_order ? reduce_atlas_a2<Ops, Tag>(p, products(q))
+                                     : reduce_ascend_950<Ops, Tag>(p, products(q));
+      store_scale(p.grad_scales, p.scales_dtype, q, sum);
+    }
   }
   Ops::stream_fence();
 }
@@ -698,16 +650,6 @@ void grad_rows_dispatch(const FinalizeGradKernelArgs& args, int64_t begin, int64
     case DType::float32: return grad_rows<Ops, Fp32Tag>(args, begin, end);
     case DType::float16: return grad_rows<Ops, Fp16Tag>(args, begin, end);
     case DType::bfloat16: return grad_rows<Ops, Bf16Tag>(args, begin, end);
-    default: return;  // unreachable: floating dtypes only
-  }
-}
-
-template <class Ops>
-void grad_tokens_dispatch(const FinalizeGradKernelArgs& args, int64_t begin, int64_t end) {
-  switch (args.problem.dtype) {
-    case DType::float32: return grad_tokens<Ops, Fp32Tag>(args, begin, end);
-    case DType::float16: return grad_tokens<Ops, Fp16Tag>(args, begin, end);
-    case DType::bfloat16: return grad_tokens<Ops, Bf16Tag>(args, begin, end);
     default: return;  // unreachable: floating dtypes only
   }
 }

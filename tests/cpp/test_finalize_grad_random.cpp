@@ -65,9 +65,9 @@ TEST(FinalizeGradRandom, EveryDtypeModeNumericsAndOptionMatchesTheReference) {
   expect_every_option_matches(rng);
 }
 
-TEST(FinalizeGradRandom, EveryOptionInPairOrderMatchesTheReference) {
-  // Outputs beyond the streaming threshold (here: all) take the pair order: the rows named by
-  // one pair are visited token by token, the others (none, several) in row order afterwards.
+TEST(FinalizeGradRandom, EveryOptionStreamedAndPrefetchedMatchesTheReference) {
+  // Outputs beyond the streaming threshold (here: all) are streamed, and grad_y's rows requested
+  // ahead: the paths of training sizes, for every option.
   testing::StreamingThresholdOverride small(1);
   testing::Random rng(271828);
   expect_every_option_matches(rng);
