@@ -183,10 +183,10 @@ TEST(FinalizeRandom, ThreadCountsAndRepeatedRunsGiveTheSameBits) {
       EXPECT_TRUE(testing::bitwise_equal(
           first, testing::run_finalize_case(c, {Backend::cpu, best_cpu_isa(), threads})))
           << threads << " threads, run " << repeat;
-  set_num_threads(3);
+  ASSERT_TRUE(set_num_threads(3).is_ok());
   EXPECT_TRUE(testing::bitwise_equal(
       first, testing::run_finalize_case(c, {Backend::automatic, CpuIsa::automatic, 0})));
-  set_num_threads(0);
+  EXPECT_TRUE(set_num_threads(0).is_ok());
 }
 
 TEST(FinalizeRandom, EmptyInputsGiveCorrectlyShapedResults) {
