@@ -35,7 +35,7 @@ import torch
 
 from ._api import moe_init_routing_v2
 from ._port import (FLOAT_DTYPES, INT32_MAX, check_int, check_tensor, first_true, is_compiling, renamed_errors,
-                    weighted_combine)
+                    sorted_rows, weighted_combine)
 
 __all__ = ["permute", "unpermute"]
 
@@ -95,23 +95,13 @@ def _sorted_pairs(row_idx: torch.Tensor, rows: int) -> torch.Tensor:
     return inverse[:rows]
 
 
-def _sort(function: str, x: torch.Tensor, keys: torch.Tensor, rows: int):
-    """moe_init_routing_v2 on the pairs' keys, `rows` rows kept (rows 0: none; the sort still
-    runs, on a zero-width x). Its autograd backward adds each token's rows in float32 from +0 in
-    slot (= expert) order: the `sequential` order of numerics "ascend_950"."""
-    source = x if rows > 0 else x[:, :0]
-    expanded, row_idx, _, _ = renamed_errors(
-        function, lambda: moe_init_routing_v2(source, keys, rows, numerics="ascend_950"), {"x": "tokens"})
-    if rows == 0:
-        expanded = x.index_select(0, torch.empty(0, dtype=torch.long, device=x.device))
-    return expanded, row_idx
-
-
 def _inverse_map(routing_map: torch.Tensor, pairs: torch.Tensor, num_out_tokens: int) -> torch.Tensor:
     """Megatron's batch-invariant inverse map [2, N, topk] (int64): for token n and slot s (its
     routed experts numbered in increasing id), the permuted row holding it and the expert id,
     -1 where none."""
     n, e = routing_map.shape
+    if n == 0:
+        return torch.empty((2, 0, 0), dtype=torch.long, device=pairs.device)
     topk = num_out_tokens // n
     token, expert = pairs // e, pairs % e
     slot = ((routing_map != 0).long().cumsum(1) - 1)[token, expert]
@@ -143,7 +133,8 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         tokens_per_expert: returned unchanged (Megatron's unfused path does the same).
         align_size: accepted, ignored (only Transformer Engine's fused padding uses it).
         return_batch_invariant_inverse_map: also return Megatron's batch-invariant inverse map
-            (dropless, num_out_tokens a multiple of N) in the fourth slot.
+            (dropless, num_out_tokens a multiple of N, every token routed to exactly
+            num_out_tokens / N experts - checked outside torch.compile) in the fourth slot.
 
     Returns:
         (permuted_input [rows, H] tokens' dtype, permuted_probs [rows] probs' dtype or None,
@@ -162,12 +153,24 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         if drop_and_pad:
             raise ValueError(f"{function}: return_batch_invariant_inverse_map needs dropless routing, got "
                              f"drop_and_pad=True")
-        if count % tokens.shape[0] != 0:
+        n = tokens.shape[0]
+        if (count % n != 0) if n > 0 else (count != 0):
             raise ValueError(f"{function}: return_batch_invariant_inverse_map needs num_out_tokens a multiple of "
-                             f"num_tokens {tokens.shape[0]} (a fixed top-k), got {count}")
+                             f"num_tokens {n} (a fixed top-k), got {count}")
+        if n > 0 and not is_compiling():
+            # Every token must route exactly top-k experts, or its slots would spill into the next
+            # token's (or take unrouted pairs) and the map would be silently wrong.
+            routed = (routing_map != 0).sum(1)
+            bad = first_true(routed != count // n)
+            if bad is not None:
+                raise ValueError(f"{function}: return_batch_invariant_inverse_map needs every token routed to "
+                                 f"exactly num_out_tokens / num_tokens = {count // n} experts, got "
+                                 f"{int(routed[bad])} for token {bad}")
     e = routing_map.shape[1]
     keys, rows = _sort_keys(routing_map, count, drop_and_pad)
-    permuted_input, row_idx = _sort(function, tokens, keys, rows)
+    # Its autograd backward adds each token's rows in float32 from +0 in slot (= expert) order:
+    # the `sequential` order of numerics "ascend_950".
+    permuted_input, row_idx = sorted_rows(function, tokens, keys, rows, "ascend_950", {"x": "tokens"})
     pairs = _sorted_pairs(row_idx, rows)
     sorted_indices = pairs // e
     # A gather of probs at the rows' pairs (each pair once, so its gradient is a plain scatter).
@@ -216,13 +219,10 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
     shape = [check_int(function, "restore_shape", extent) for extent in restore_shape]
     if shape != [n, hidden]:
         raise ValueError(f"{function}: restore_shape must be [num_tokens, hidden] = {[n, hidden]}, got {shape}")
-    if drop_and_pad:
-        if rows % e != 0:
-            raise ValueError(f"{function}: with drop_and_pad, permuted_tokens must have num_experts * capacity rows "
-                             f"(a multiple of {e}), got {rows}")
-        keys, expected_rows = _sort_keys(routing_map, rows, True)
-    else:
-        keys, expected_rows = _sort_keys(routing_map, rows, False)
+    if drop_and_pad and rows % e != 0:
+        raise ValueError(f"{function}: with drop_and_pad, permuted_tokens must have num_experts * capacity rows "
+                         f"(a multiple of {e}), got {rows}")
+    keys, expected_rows = _sort_keys(routing_map, rows, drop_and_pad)
     if expected_rows != rows:
         raise ValueError(f"{function}: permuted_tokens must have at most num_tokens * num_experts = {n * e} rows "
                          f"(permute's maximum), got {rows}")

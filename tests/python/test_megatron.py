@@ -393,6 +393,20 @@ def test_errors_name_the_argument():
         permute(tokens[:8], routing_map, None, num_out_tokens)
     with pytest.raises(ValueError, match="permute: return_batch_invariant_inverse_map needs num_out_tokens a multiple"):
         permute(tokens, routing_map, None, 10, return_batch_invariant_inverse_map=True)
+    # A token routed to more (or fewer) experts than num_out_tokens / num_tokens: its slots would
+    # spill into the next token's; the map was silently wrong before this check.
+    uneven = torch.tensor([[1, 1, 1, 0], [0, 0, 0, 1]], dtype=torch.bool)
+    with pytest.raises(ValueError, match="permute: return_batch_invariant_inverse_map needs every token routed to "
+                                         "exactly num_out_tokens / num_tokens = 2 experts, got 3 for token 0"):
+        permute(torch.ones(2, 3), uneven, None, 4, return_batch_invariant_inverse_map=True)
+    # No tokens: an empty map (this raised ZeroDivisionError), and a clear error for rows asked.
+    empty = permute(torch.ones(0, 3), torch.zeros(0, 4, dtype=torch.bool), None, 0,
+                    return_batch_invariant_inverse_map=True)
+    assert empty[3].shape == (2, 0, 0) and empty[3].dtype == torch.long and empty[0].shape == (0, 3)
+    with pytest.raises(ValueError, match="permute: return_batch_invariant_inverse_map needs num_out_tokens a multiple "
+                                         "of num_tokens 0"):
+        permute(torch.ones(0, 3), torch.zeros(0, 4, dtype=torch.bool), None, 2,
+                return_batch_invariant_inverse_map=True)
     with pytest.raises(ValueError, match="unpermute: routing_map must be given"):
         unpermute(permuted, sorted_indices, tokens.shape)
     with pytest.raises(ValueError, match=r"unpermute: restore_shape must be \[num_tokens, hidden\] = \[9, 6\]"):
