@@ -14,7 +14,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import moe_finalize_routing
+from ._api import moe_finalize_routing, moe_init_routing_v2
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -163,3 +163,17 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
         out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
+
+def no_rows(x: torch.Tensor) -> torch.Tensor:
+    """An empty [0, H] selection of x that stays on the autograd graph (its gradient is zeros)."""
+    return x.index_select(0, torch.empty(0, dtype=torch.long, device=x.device))
+
+
+def sorted_rows(function, x, keys, rows, numerics, names):
+    """moe_init_routing_v2 dropless on (x, keys), first `rows` sorted rows kept: (expanded_x,
+    expanded_row_idx). rows = 0 keeps none (V2's active_num 0 would mean all): the sort then runs
+    on a zero-width x and expanded_x is an empty selection of x."""
+    source = x if rows > 0 else x[:, :0]
+    expanded_x, expanded_row_idx, _, _ = renamed_errors(
+        function, lambda: moe_init_routing_v2(source, keys, rows, numerics=numerics), names)
+    return (expanded_x if rows > 0 else no_rows(x)), expanded_row_idx

@@ -27,25 +27,10 @@ import torch
 from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, first_true, int32_index, is_compiling,
-                    position, renamed_errors, weighted_combine)
+                    position, renamed_errors, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_compute_expert_tokens"]
-
-
-def _no_rows(x: torch.Tensor) -> torch.Tensor:
-    """An empty [0, H] selection of x that stays on the autograd graph (its gradient is zeros)."""
-    return x.index_select(0, torch.empty(0, dtype=torch.long, device=x.device))
-
-
-def _sorted_rows(function, x, keys, rows, numerics, names):
-    """moe_init_routing_v2 dropless on (x, keys), first `rows` sorted rows kept: (expanded_x,
-    expanded_row_idx). rows = 0 keeps none (V2's active_num 0 would mean all): the sort then runs
-    on a zero-width x and expanded_x is an empty selection of x."""
-    source = x if rows > 0 else x[:, :0]
-    expanded_x, expanded_row_idx, _, _ = renamed_errors(
-        function, lambda: moe_init_routing_v2(source, keys, rows, numerics=numerics), names)
-    return (expanded_x if rows > 0 else _no_rows(x)), expanded_row_idx
 
 
 def npu_moe_init_routing(x: torch.Tensor, row_idx: torch.Tensor, expert_idx: torch.Tensor, active_num: int, *,
@@ -90,7 +75,7 @@ def npu_moe_init_routing(x: torch.Tensor, row_idx: torch.Tensor, expert_idx: tor
                              f"(row_idx = arange(N*K).reshape(K, N).T, the column-layout position of each pair), "
                              f"got {int(row_idx[i, t])}")
     rows = min(n, active_num) * k
-    expanded_x, row_layout = _sorted_rows(function, x, expert_idx, rows, numerics, None)
+    expanded_x, row_layout = sorted_rows(function, x, expert_idx, rows, numerics, None)
     # Row layout (pair i*K + t) to torch_npu's column layout (pair t*N + i): a transpose.
     expanded_row_idx = row_layout.view(n, k).t().reshape(-1)
     expanded_expert_idx = torch.sort(expert_idx.reshape(-1), stable=True).values
@@ -234,7 +219,7 @@ def npu_moe_token_permute(tokens: torch.Tensor, indices: torch.Tensor, num_out_t
     keys = _permute_keys(function, indices.view(indices.shape[0], 1) if indices.dim() == 1 else indices)
     # A2's MoeTokenPermuteGrad adds a token's slots one by one in float32 (the `sequential` order),
     # as the 950's forwarding to MoeInitRoutingV2Grad does: V2's backward under "ascend_950".
-    return _sorted_rows(function, tokens, keys, rows, "ascend_950", {"x": "tokens", "expert_idx": "indices"})
+    return sorted_rows(function, tokens, keys, rows, "ascend_950", {"x": "tokens", "expert_idx": "indices"})
 
 
 def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
