@@ -1,5 +1,6 @@
-"""The functional operators' new outputs: huge pages asked for (MOE_ROUTING_HUGE_PAGES, default on),
-and the same bits as the out= calls with the advice on and off."""
+"""The functional operators' new outputs: large CPU ones come from the output cache (moe_routing.empty_cache,
+set_output_cache_limit, MOE_ROUTING_OUTPUT_CACHE_MB), reused once freed; new memory gets huge pages asked for
+(MOE_ROUTING_HUGE_PAGES, default on); and the same bits as the out= calls whatever a reused buffer held."""
 import os
 
 import pytest
@@ -20,6 +21,16 @@ def huge_pages(monkeypatch):
         else:
             monkeypatch.setenv("MOE_ROUTING_HUGE_PAGES", value)
     return set_to
+
+
+@pytest.fixture
+def output_cache():
+    """An empty output cache with its default limit for the test, restored after it."""
+    limit = moe_routing.output_cache_stats()["limit_bytes"]
+    moe_routing.empty_cache()
+    yield
+    moe_routing.set_output_cache_limit(limit)
+    moe_routing.empty_cache()
 
 
 def vm_flags(address):
@@ -52,12 +63,21 @@ def forward_case(n=160, k=4, e=16, h=4100, dtype=torch.bfloat16):  # expanded_x 
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
-def test_new_outputs_get_huge_pages_advised_unless_turned_off(huge_pages):
-    # expanded_x of 64 MiB: glibc maps it anew for every call, so each allocation's advice is its own.
-    x, idx = forward_case(n=1024, k=8, e=64, h=4096)
+def test_new_outputs_get_huge_pages_advised_unless_turned_off(huge_pages, output_cache):
+    x, idx = forward_case(n=1024, k=8, e=64, h=4096)  # expanded_x of 64 MiB
+    # From the output cache: new memory of its own, advised as it is mapped.
+    for setting in (None, "0"):
+        huge_pages(setting)
+        moe_routing.empty_cache()
+        expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=64)[0]
+        assert expanded_x.nbytes == 64 << 20
+        assert ("hg" in vm_flags(interior(expanded_x))) == (THP and setting is None)
+        del expanded_x
+    # The cache off: from PyTorch's allocator (glibc maps it anew for every call, so each
+    # allocation's advice is its own), advised after it.
+    moe_routing.set_output_cache_limit(0)
     huge_pages(None)
     expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=64)[0]
-    assert expanded_x.nbytes == 64 << 20
     assert ("hg" in vm_flags(interior(expanded_x))) == THP
     del expanded_x
     huge_pages("0")
@@ -66,12 +86,84 @@ def test_new_outputs_get_huge_pages_advised_unless_turned_off(huge_pages):
         assert "hg" not in vm_flags(interior(expanded_x))
 
 
-@pytest.mark.parametrize("setting", [None, "0"], ids=["advised", "off"])
-def test_functional_calls_equal_out_calls_bit_for_bit(huge_pages, setting):
-    huge_pages(setting)
+def test_freed_outputs_are_reused_and_the_cache_keeps_within_its_limit(output_cache):
+    x, idx = forward_case()
+    before = moe_routing.output_cache_stats()
+    first = moe_routing.moe_init_routing(x, idx, expert_num=16)[0]
+    address, size = first.data_ptr(), first.nbytes
+    assert size >= 4 << 20
+    del first
+    stats = moe_routing.output_cache_stats()
+    assert stats["idle_bytes"] >= size and stats["in_use_bytes"] == before["in_use_bytes"]
+    again = moe_routing.moe_init_routing(x, idx, expert_num=16)[0]
+    assert again.data_ptr() == address
+    assert moe_routing.output_cache_stats()["hits"] == stats["hits"] + 1
+    # Live tensors keep their memory through empty_cache; freed ones' memory goes back to the OS.
+    moe_routing.empty_cache()
+    assert moe_routing.output_cache_stats()["idle_bytes"] == 0
+    assert torch.equal(again, moe_routing.moe_init_routing(x, idx, expert_num=16)[0])
+    # A limit below one buffer: nothing stays idle.
+    moe_routing.set_output_cache_limit(1 << 20)
+    del again
+    assert moe_routing.output_cache_stats()["idle_bytes"] == 0
+    with pytest.raises(ValueError, match="set_output_cache_limit: bytes must be >= 0, got -1"):
+        moe_routing.set_output_cache_limit(-1)
+
+
+def test_an_output_from_the_cache_behaves_as_any_tensor(output_cache):
+    x, idx = forward_case()
+    expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=16)[0]
+    expected = expanded_x.clone()
+    view = expanded_x[3:5]
+    expanded_x.resize_(expanded_x.shape[0] * 2, expanded_x.shape[1])  # a new, larger storage
+    assert torch.equal(expanded_x[: expected.shape[0]], expected)
+    assert torch.equal(view, expected[3:5])  # the old storage lives on with its view
+    del expanded_x, view
+    assert moe_routing.output_cache_stats()["in_use_bytes"] == 0
+
+
+def test_the_environment_sets_the_limit_and_zero_turns_the_cache_off(tmp_path):
+    import subprocess
+    import sys
+    script = ("import torch, moe_routing\n"
+              "x = torch.randn(160, 4100).bfloat16()\n"
+              "idx = torch.randint(0, 16, (160, 4), dtype=torch.int32)\n"
+              "out = moe_routing.moe_init_routing(x, idx, expert_num=16)\n"
+              "del out\n"
+              "s = moe_routing.output_cache_stats()\n"
+              "print(s['limit_bytes'], s['misses'], s['idle_bytes'])\n")
+    for mib, expected in (("0", (0, 0, 0)), ("16", (16 << 20, 1, 6 << 20))):
+        env = dict(os.environ, MOE_ROUTING_OUTPUT_CACHE_MB=mib)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert tuple(int(v) for v in out.stdout.split()) == expected
+
+
+def poisoned(make):
+    """make()'s result, after a call of it whose large outputs were overwritten with 0xff bytes (NaNs) and
+    freed: with the output cache on, the result's buffers are those, so an element the operator does not
+    write shows."""
+    result = make()
+    large = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if t.nbytes >= 4 << 20]
+    tensor = None
+    for tensor in large:
+        tensor.view(torch.uint8).fill_(0xFF)
+    del result, tensor
+    large = len(large)  # drops the last references
+    hits = moe_routing.output_cache_stats()["hits"]
+    result = make()
+    if moe_routing.output_cache_stats()["limit_bytes"] > 0:  # the poisoned buffers were reused
+        assert moe_routing.output_cache_stats()["hits"] == hits + large
+    return result
+
+
+@pytest.mark.parametrize("setting", [None, "0", "no-cache"], ids=["advised", "off", "no-cache"])
+def test_functional_calls_equal_out_calls_bit_for_bit(huge_pages, output_cache, setting):
+    huge_pages(None if setting == "no-cache" else setting)
+    if setting == "no-cache":
+        moe_routing.set_output_cache_limit(0)
     x, idx = forward_case()
     kw = dict(expert_num=16, expert_tokens_num_type=1, expert_tokens_num_flag=True)
-    fresh = moe_routing.moe_init_routing(x, idx, **kw)
+    fresh = poisoned(lambda: moe_routing.moe_init_routing(x, idx, **kw))
     assert fresh[0].nbytes >= 4 << 20
     outs = tuple(torch.full_like(t, 7) for t in fresh)
     moe_routing.moe_init_routing(x, idx, **kw, out=outs)
@@ -82,19 +174,35 @@ def test_functional_calls_equal_out_calls_bit_for_bit(huge_pages, setting):
     gen = torch.Generator().manual_seed(2)
     # The dispatch's backward: grad_x [N, H].
     grad = torch.randn(n * k * 2, 4100, generator=gen).to(torch.bfloat16)[: n * k]
-    grad_x = moe_routing.moe_init_routing_grad(grad, eri, k)
+    grad_x = poisoned(lambda: moe_routing.moe_init_routing_grad(grad, eri, k))
     out = torch.full_like(grad_x, 7)
     moe_routing.moe_init_routing_grad(grad, eri, k, out=out)
     assert torch.equal(grad_x, out)
     # The combine and its grad: y [N, H], grad_expanded_x [N*K, H] (~5 MiB).
     scales = torch.rand(n, k, generator=gen)
-    y = moe_routing.moe_finalize_routing(fresh[0], eri, scales=scales, drop_pad_mode=2)
+    y = poisoned(lambda: moe_routing.moe_finalize_routing(fresh[0], eri, scales=scales, drop_pad_mode=2))
     out = torch.full_like(y, 7)
     moe_routing.moe_finalize_routing(fresh[0], eri, scales=scales, drop_pad_mode=2, out=out)
     assert torch.equal(y, out)
     grad_y = torch.randn(n, 4100, generator=gen).to(torch.bfloat16)
-    grads = moe_routing.moe_finalize_routing_grad(grad_y, eri, fresh[0], scales)
+    grads = poisoned(lambda: moe_routing.moe_finalize_routing_grad(grad_y, eri, fresh[0], scales))
     assert grads[0].nbytes >= 4 << 20
     outs = (torch.full_like(grads[0], 7), torch.full_like(grads[1], 7))
     moe_routing.moe_finalize_routing_grad(grad_y, eri, fresh[0], scales, out=outs)
     assert torch.equal(grads[0], outs[0]) and torch.equal(grads[1], outs[1])
+
+
+def test_drop_pad_outputs_from_reused_buffers_equal_out_calls(output_cache):
+    # The padding slots of a drop-pad expanded_x (experts with fewer tokens than the capacity) are
+    # written by the operator, whatever a reused buffer held.
+    n, k, e, h, capacity = 256, 2, 8, 4100, 96
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(n, h, generator=gen).to(torch.bfloat16)
+    idx = torch.randint(0, e, (n, k), generator=gen, dtype=torch.int32)
+    kw = dict(expert_capacity=capacity, expert_num=e, drop_pad_mode=1)
+    fresh = poisoned(lambda: moe_routing.moe_init_routing(x, idx, **kw))
+    assert fresh[0].nbytes >= 4 << 20
+    outs = tuple(torch.full_like(t, 7) for t in fresh)
+    moe_routing.moe_init_routing(x, idx, **kw, out=outs)
+    for a, b in zip(fresh, outs):
+        assert torch.equal(a, b)

@@ -31,6 +31,7 @@
 #include "cases/synthetic.h"
 #include "commands.h"
 #include "core/memory_hints.h"
+#include "core/output_cache.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace moe_routing::cli {
@@ -348,16 +349,18 @@ struct Row {
   double limit_ms = 0;
   int64_t extra_memory = 0;
   /// The same call into outputs allocated for it (FreshOutputs), as a functional front end makes
-  /// it: with huge pages asked for (the torch binding's default) and without; each the median
-  /// time and the median over the runs of its ratio to the out= call's time in the same run.
+  /// it: as the torch binding allocates (its output cache, huge pages) and from the allocator
+  /// alone; each the median time and the median over the runs of its ratio to the out= call's
+  /// time in the same run.
   double fresh_ms = 0, fresh_ratio = 0, fresh_small_pages_ms = 0, fresh_small_pages_ratio = 0;
   bool verified = false;  // --verify: the CPU kernels' outputs equal the reference's, bit for bit
 };
 
 /// Output buffers allocated for one call and freed after it, as a front end returning new
-/// tensors has them (the torch binding's functional operators): from the allocator, never written
-/// (glibc maps a large one anew: the kernel's stores fault its pages in), with huge pages asked
-/// for as the binding asks (detail::advise_huge_pages) when `huge_pages`.
+/// tensors has them. With `binding`, as the torch binding allocates its new CPU outputs: from the
+/// output cache (detail::acquire_output, where it is on and the buffer is large enough for it),
+/// else from the allocator with huge pages asked for (detail::advise_huge_pages). Without, from
+/// the allocator alone (glibc maps a large one anew: the kernel's stores fault in 4 KiB pages).
 /// An output buffer time_call writes into: a vector's bytes, or an AlignedBuffer's aligned ones.
 struct OutputBuffer {
   OutputBuffer(std::vector<uint8_t>* v) : data(v->data()), size(v->size()) {}    // NOLINT
@@ -368,17 +371,25 @@ struct OutputBuffer {
 
 class FreshOutputs {
  public:
-  FreshOutputs(const std::vector<OutputBuffer>& like, bool huge_pages) {
+  FreshOutputs(const std::vector<OutputBuffer>& like, bool binding) {
+    const bool cache = binding && detail::output_cache_limit() > 0;
     for (const OutputBuffer& buffer : like) {
+      const size_t bytes = buffer.size;
+      if (cache && int64_t(bytes) >= detail::kOutputCacheMinBytes) {
+        uint8_t* data = static_cast<uint8_t*>(detail::acquire_output(int64_t(bytes)));
+        if (data == nullptr) throw std::bad_alloc();
+        buffers_.emplace_back(data, Free{true});
+        pointers_.push_back(data);
+        continue;
+      }
       // Uninitialised, so not touched, and 64-byte aligned as PyTorch's CPU allocator aligns;
       // buffers under a page come from the allocator's heap anyway and are zeroed, so that bytes
       // no kernel writes compare equal (equals).
-      const size_t bytes = buffer.size;
       uint8_t* data = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64));
       if (data == nullptr) throw std::bad_alloc();
       if (bytes < 4096) std::memset(data, 0, bytes);
-      buffers_.emplace_back(data);
-      if (huge_pages) detail::advise_huge_pages(data, int64_t(bytes));
+      buffers_.emplace_back(data, Free{false});
+      if (binding) detail::advise_huge_pages(data, int64_t(bytes));
       pointers_.push_back(data);
     }
   }
@@ -393,7 +404,13 @@ class FreshOutputs {
 
  private:
   struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
+    bool cached;
+    void operator()(uint8_t* p) const {
+      if (cached)
+        detail::release_output(p);
+      else
+        std::free(p);
+    }
   };
   std::vector<std::unique_ptr<uint8_t, Free>> buffers_;
   std::vector<uint8_t*> pointers_;
@@ -427,8 +444,9 @@ class BenchCommand : public Command {
         "Each row is timed into outputs allocated and touched beforehand (ms: the out= call; page\n"
         "faults not measured) and, in the same runs, into outputs allocated for the call and "
         "freed\n"
-        "after it, as a functional front end returns new tensors (fresh ms: with huge pages asked\n"
-        "for, as the torch binding does, unless MOE_ROUTING_HUGE_PAGES=0; 4K ms: without), each\n"
+        "after it, as a functional front end returns new tensors (fresh ms: as the torch binding\n"
+        "allocates them - from its output cache, MOE_ROUTING_OUTPUT_CACHE_MB, else with huge\n"
+        "pages asked for unless MOE_ROUTING_HUGE_PAGES=0; 4K ms: from the allocator alone), each\n"
         "with the median of its per-run ratio to the out= call. --machine also measures what the\n"
         "first touch of fresh memory costs per MiB (page fault + the OS zeroing the page).\n"
         "--verify also runs every row once on the reference backend and compares the outputs bit\n"
@@ -536,8 +554,9 @@ class BenchCommand : public Command {
       // call), so both see the same state of a shared machine. Rows that fit the caches run
       // back to back (a 512 MiB copy between them would evict their data and measure the
       // refill instead): the copies come right before and right after them. Each run also times
-      // the call into fresh outputs, with and without huge pages asked for, in a rotating order
-      // right after the out= call's untimed warm-up.
+      // the call into fresh outputs, as the binding allocates them and from the allocator alone,
+      // in a rotating order right after the out= call's untimed warm-up (which for the binding's
+      // way puts the outputs' buffers in its cache, as a training loop's first step does).
       row.bytes = row.read_bytes + row.write_bytes;
       const bool per_run = row.bytes >= kPairEachRunBytes;
       std::vector<BandwidthMeter::Sample> samples;
@@ -554,7 +573,7 @@ class BenchCommand : public Command {
         }
         double seconds[3] = {};
         for (int k = 0; k < 3; ++k) {
-          const int which = int((k + r) % 3);  // 0: out=, 1: fresh, 2: fresh without huge pages
+          const int which = int((k + r) % 3);  // 0: out=, 1: as the binding, 2: allocator alone
           // The peak memory beyond inputs and outputs, from the out= calls (VmHWM).
           const int64_t before = which == 0 ? current_rss_bytes() : 0;
           if (which == 0 && can_measure_memory) reset_peak_rss();
@@ -796,10 +815,10 @@ class BenchCommand : public Command {
         "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
         "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n"
         "ms: into outputs that exist (out=); fresh ms: into outputs allocated for the call and "
-        "freed after it,\nwith huge pages asked for (as the torch binding's functional "
-        "operators; MOE_ROUTING_HUGE_PAGES=%s) and\nwithout (4K ms: 4 KiB pages unless THP is "
-        "`always`); x: the median of the per-run ratios to the out= call\n",
-        detail::huge_pages_enabled() ? "1" : "0");
+        "freed after it,\nas the torch binding's functional operators allocate them (output "
+        "cache %lld MiB, MOE_ROUTING_HUGE_PAGES=%s) and\nfrom the allocator alone (4K ms: 4 KiB "
+        "pages unless THP is `always`); x: the median of the per-run ratios to the out= call\n",
+        (long long)(detail::output_cache_limit() >> 20), detail::huge_pages_enabled() ? "1" : "0");
     std::printf(
         "%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %6s %9s %6s %9s %7s %16s %7s %8s %9s %7s %8s\n",
         "op", "scenario", "shape", "N", "H", "E", "K", "ms", "fresh ms", "x", "4K ms", "x",

@@ -6,9 +6,11 @@
 // the core's shape inference symbolically (tests compare the two).
 #include <ATen/ATen.h>
 #include <ATen/Config.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "core/memory_hints.h"
+#include "core/output_cache.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace {
@@ -173,6 +176,43 @@ int64_t parallel_loop_threads(int64_t num_tasks) {
   return int64_t(threads.size());
 }
 
+// ---- new CPU outputs ------------------------------------------------------------------------
+
+/// The allocator of the large CPU outputs the operators return: buffers of the library's output
+/// cache (core/output_cache.h), given back to it when the tensor's storage dies. A storage that
+/// is resized (Tensor.resize_) gets its new memory here too; sizes below the cache's minimum, and
+/// memory the OS refused the cache, come from PyTorch's CPU allocator.
+struct OutputCacheAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    if (int64_t(n) >= moe_routing::detail::kOutputCacheMinBytes)
+      if (void* data = moe_routing::detail::acquire_output(int64_t(n)))
+        return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
+    return c10::GetCPUAllocator()->allocate(n);
+  }
+  static void release(void* data) { moe_routing::detail::release_output(data); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+c10::Allocator& output_cache_allocator() {
+  static OutputCacheAllocator* const allocator = new OutputCacheAllocator;  // outlives tensors
+  return *allocator;
+}
+
+/// What the output cache holds and has done: [limit, idle, in use] bytes, hits, misses.
+std::vector<int64_t> output_cache_stats() {
+  const moe_routing::detail::OutputCacheStats s = moe_routing::detail::output_cache_stats();
+  return {s.limit_bytes, s.idle_bytes, s.in_use_bytes, s.hits, s.misses};
+}
+
+void set_output_cache_limit(int64_t bytes) {
+  TORCH_CHECK_VALUE(bytes >= 0, "set_output_cache_limit: bytes must be >= 0, got ", bytes);
+  moe_routing::detail::set_output_cache_limit(bytes);
+}
+
+void empty_output_cache() { moe_routing::detail::empty_output_cache(); }
+
 /// One operator call on the device of its first input: every tensor must be there. Holds the
 /// device current for the call (a no-op on the CPU) and converts tensors for the core.
 class Call {
@@ -204,17 +244,26 @@ class Call {
 
   /// The output `spec` describes: `out` when the caller gave one (it must be exactly what would be
   /// allocated - resizing would hide a caller's mistake), else a new tensor. A new CPU tensor of
-  /// a few MiB or more gets huge pages asked for before anything touches it
-  /// (detail::advise_huge_pages; MOE_ROUTING_HUGE_PAGES=0 turns that off): its first touch then
-  /// costs one fault per 2 MiB instead of 512, which for a training-size expanded_x took longer
-  /// than the kernel itself.
+  /// a few MiB or more comes from the library's output cache (OutputCacheAllocator): memory a
+  /// freed output of about that size left in place, else new memory with huge pages asked for.
+  /// With the cache off (MOE_ROUTING_OUTPUT_CACHE_MB=0) it comes from PyTorch's allocator, with
+  /// huge pages asked for before anything touches it (detail::advise_huge_pages;
+  /// MOE_ROUTING_HUGE_PAGES=0 turns that off). The first touch of new pages - for a
+  /// training-size expanded_x longer than the kernel itself - is then paid once, not per call.
   at::Tensor output(const char* name, at::IntArrayRef shape, DType core_type,
                     const at::Tensor* out) const {
     const at::ScalarType dtype = torch_dtype(core_type);
     if (out == nullptr) {
+      if (!device_.is_cpu()) return at::empty(shape, at::TensorOptions(device_).dtype(dtype));
+      int64_t bytes = int64_t(at::elementSize(dtype));
+      for (const int64_t d : shape) bytes *= d;  // shapes the core validated: no overflow
+      if (bytes >= moe_routing::detail::kOutputCacheMinBytes &&
+          moe_routing::detail::output_cache_limit() > 0)
+        return at::detail::empty_generic(shape, &output_cache_allocator(),
+                                         c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                         std::nullopt);
       at::Tensor fresh = at::empty(shape, at::TensorOptions(device_).dtype(dtype));
-      if (device_.is_cpu())
-        moe_routing::detail::advise_huge_pages(fresh.data_ptr(), int64_t(fresh.nbytes()));
+      moe_routing::detail::advise_huge_pages(fresh.data_ptr(), int64_t(fresh.nbytes()));
       return fresh;
     }
     TORCH_CHECK_VALUE(out->sizes() == shape && out->scalar_type() == dtype &&
@@ -741,6 +790,9 @@ TORCH_LIBRARY(moe_routing, m) {
   // Internal: a check that the kernels' loops really run on several of PyTorch's threads.
   m.def("_parallel_loop_threads(int num_tasks) -> int", &parallel_loop_threads);
   m.def("_uses_torch_pool() -> bool", &uses_torch_pool);
+  m.def("_output_cache_stats() -> int[]", &output_cache_stats);
+  m.def("_set_output_cache_limit(int bytes) -> ()", &set_output_cache_limit);
+  m.def("_empty_output_cache() -> ()", &empty_output_cache);
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }

@@ -1,0 +1,36 @@
+"""The output cache: where the operators' large new CPU outputs come from.
+
+A functional call (``moe_init_routing(x, ...)``, autograd's backward) returns new tensors, and a
+training or serving loop frees them a step later. New memory costs the OS faulting in and zeroing
+every page on its first touch, which for a training-size ``expanded_x`` took longer than the
+kernel. CPU outputs of 4 MiB or more therefore come from a cache of buffers that freed outputs
+left in place (as PyTorch's CUDA caching allocator does on the GPU): the first call of a size pays
+for new pages (asked to be huge pages), later calls reuse them. Buffers nobody uses are kept up to
+a limit — ``MOE_ROUTING_OUTPUT_CACHE_MB`` (MiB; ``0`` turns the cache off) or by default 1/8 of
+the machine's physical memory — and given back to the OS oldest first beyond it. Values are never
+affected: every output element is written by the operator. See docs/python.md.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*)
+
+
+def output_cache_stats() -> dict:
+    """What the cache holds and has done: ``limit_bytes``, ``idle_bytes`` (kept for reuse),
+    ``in_use_bytes`` (held by live tensors), ``hits`` and ``misses`` (new memory mapped)."""
+    limit, idle, in_use, hits, misses = torch.ops.moe_routing._output_cache_stats()
+    return {"limit_bytes": limit, "idle_bytes": idle, "in_use_bytes": in_use, "hits": hits, "misses": misses}
+
+
+def set_output_cache_limit(limit_bytes: int) -> None:
+    """Keep at most ``limit_bytes`` idle (0: none — every output's memory goes back to the OS when
+    freed, and new outputs come from PyTorch's allocator); what exceeds it is given back now."""
+    torch.ops.moe_routing._set_output_cache_limit(int(limit_bytes))
+
+
+def empty_cache() -> None:
+    """Give every idle buffer back to the OS (tensors in use keep theirs), like
+    ``torch.cuda.empty_cache()``."""
+    torch.ops.moe_routing._empty_output_cache()

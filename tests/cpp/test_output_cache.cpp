@@ -1,0 +1,164 @@
+// The output cache (core/output_cache.h): reuse, the limit of idle bytes, emptying, and callers
+// on several threads (also run under ThreadSanitizer). The cache is process-wide, so every test
+// starts by setting the limit and emptying it, and reads the statistics as differences.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "core/output_cache.h"
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+namespace moe_routing::detail {
+namespace {
+
+constexpr int64_t kMiB = int64_t(1) << 20;
+
+class OutputCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_limit_ = output_cache_limit();
+    set_output_cache_limit(64 * kMiB);
+    empty_output_cache();
+  }
+  void TearDown() override {
+    empty_output_cache();
+    set_output_cache_limit(saved_limit_);
+  }
+
+ private:
+  int64_t saved_limit_ = 0;
+};
+
+#if defined(__linux__)
+/// Whether the page at p is mapped (mincore fails with ENOMEM on an unmapped range).
+bool mapped(const void* p) {
+  unsigned char resident = 0;
+  const uintptr_t page = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(::sysconf(_SC_PAGESIZE) - 1);
+  return ::mincore(reinterpret_cast<void*>(page), 1, &resident) == 0;
+}
+#endif
+
+TEST_F(OutputCache, ReleasedBufferIsReusedForTheSameSizeWithItsPagesInPlace) {
+  const OutputCacheStats before = output_cache_stats();
+  void* a = acquire_output(5 * kMiB);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % (2 * kMiB), 0u);  // huge-page aligned
+  std::memset(a, 0x5a, 5 * kMiB);                              // all of it writable
+  EXPECT_EQ(output_cache_stats().in_use_bytes - before.in_use_bytes, 6 * kMiB);  // whole 2 MiB
+  release_output(a);
+  EXPECT_EQ(output_cache_stats().idle_bytes, 6 * kMiB);
+  void* b = acquire_output(5 * kMiB + 1);  // the same 6 MiB class
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(static_cast<unsigned char*>(b)[5 * kMiB - 1], 0x5a);  // not mapped anew
+  const OutputCacheStats after = output_cache_stats();
+  EXPECT_EQ(after.hits - before.hits, 1);
+  EXPECT_EQ(after.misses - before.misses, 1);
+  EXPECT_EQ(after.idle_bytes, 0);
+  release_output(b);
+}
+
+TEST_F(OutputCache, ReusesOnlyBuffersAtMostAnEighthLarger) {
+  void* big = acquire_output(16 * kMiB);
+  release_output(big);
+  void* small = acquire_output(8 * kMiB);  // 16 MiB would waste half: new memory
+  EXPECT_NE(small, big);
+  void* near = acquire_output(15 * kMiB);  // 16 MiB is within 1/8 of 15 MiB rounded to 16
+  EXPECT_EQ(near, big);
+  release_output(small);
+  release_output(near);
+}
+
+TEST_F(OutputCache, IdleBytesStayWithinTheLimitOldestGivenBackFirst) {
+  set_output_cache_limit(10 * kMiB);
+  void* first = acquire_output(4 * kMiB);
+  void* second = acquire_output(4 * kMiB);
+  void* third = acquire_output(4 * kMiB);
+  release_output(first);
+  release_output(second);
+  EXPECT_EQ(output_cache_stats().idle_bytes, 8 * kMiB);
+  release_output(third);  // 12 MiB idle > 10: the oldest, `first`, goes back to the OS
+  EXPECT_EQ(output_cache_stats().idle_bytes, 8 * kMiB);
+#if defined(__linux__)
+  EXPECT_FALSE(mapped(first));
+  EXPECT_TRUE(mapped(second));
+  EXPECT_TRUE(mapped(third));
+#endif
+  // The most recently released of equal buffers is handed out first.
+  EXPECT_EQ(acquire_output(4 * kMiB), third);
+  EXPECT_EQ(acquire_output(4 * kMiB), second);
+  release_output(second);
+  release_output(third);
+}
+
+TEST_F(OutputCache, ZeroLimitKeepsNothingAndEmptyingKeepsBuffersInUse) {
+  set_output_cache_limit(0);
+  void* a = acquire_output(4 * kMiB);
+  release_output(a);
+  EXPECT_EQ(output_cache_stats().idle_bytes, 0);
+#if defined(__linux__)
+  EXPECT_FALSE(mapped(a));
+#endif
+  set_output_cache_limit(64 * kMiB);
+  void* in_use = acquire_output(4 * kMiB);
+  void* idle = acquire_output(4 * kMiB);
+  release_output(idle);
+  empty_output_cache();
+  EXPECT_EQ(output_cache_stats().idle_bytes, 0);
+  std::memset(in_use, 1, 4 * kMiB);  // still ours (ASan would report a use after unmap)
+  release_output(in_use);
+  EXPECT_EQ(output_cache_stats().idle_bytes, 4 * kMiB);
+}
+
+TEST_F(OutputCache, LoweringTheLimitGivesBackAtOnceAndForeignPointersAreIgnored) {
+  void* a = acquire_output(4 * kMiB);
+  void* b = acquire_output(4 * kMiB);
+  release_output(a);
+  release_output(b);
+  set_output_cache_limit(4 * kMiB);
+  EXPECT_EQ(output_cache_stats().idle_bytes, 4 * kMiB);
+  int local = 0;
+  const OutputCacheStats before = output_cache_stats();
+  release_output(&local);  // not the cache's: nothing happens
+  release_output(nullptr);
+  const OutputCacheStats after = output_cache_stats();
+  EXPECT_EQ(after.idle_bytes, before.idle_bytes);
+  EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
+}
+
+TEST_F(OutputCache, CallersOnSeveralThreadsNeverShareABuffer) {
+  constexpr int kThreads = 4, kRounds = 50;
+  std::vector<std::thread> threads;
+  std::vector<int> failures(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &failures] {
+      for (int r = 0; r < kRounds; ++r) {
+        const int64_t bytes = (4 + (t + r) % 3 * 2) * kMiB;
+        auto* p = static_cast<unsigned char*>(acquire_output(bytes));
+        if (p == nullptr) {
+          ++failures[t];
+          continue;
+        }
+        // Mark the buffer, yield, and check nobody else wrote it meanwhile.
+        std::memset(p, t + 1, 4096);
+        std::memset(p + bytes - 4096, t + 1, 4096);
+        std::this_thread::yield();
+        if (p[0] != t + 1 || p[4095] != t + 1 || p[bytes - 1] != t + 1) ++failures[t];
+        release_output(p);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+  EXPECT_EQ(output_cache_stats().in_use_bytes, 0);
+  EXPECT_LE(output_cache_stats().idle_bytes, 64 * kMiB);
+}
+
+}  // namespace
+}  // namespace moe_routing::detail
