@@ -3,7 +3,7 @@
 A functional call (``moe_init_routing(x, ...)``, autograd's backward) returns new tensors, and a
 training or serving loop frees them a step later. New memory costs the OS faulting in and zeroing
 every page on its first touch, which for a training-size ``expanded_x`` took longer than the
-kernel. CPU outputs of 4 MiB or more therefore come from a cache of buffers that freed outputs
+kernel. CPU outputs of 1 MiB or more therefore come from a cache of buffers that freed outputs
 left in place (as PyTorch's CUDA caching allocator does on the GPU): the first call of a size pays
 for new pages (asked to be huge pages), later calls reuse them. Buffers nobody uses are kept up to
 a limit — ``MOE_ROUTING_OUTPUT_CACHE_MB`` (MiB; ``0`` turns the cache off) or by default 1/8 of
@@ -19,9 +19,11 @@ from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*)
 
 def output_cache_stats() -> dict:
     """What the cache holds and has done: ``limit_bytes``, ``idle_bytes`` (kept for reuse),
-    ``in_use_bytes`` (held by live tensors), ``hits`` and ``misses`` (new memory mapped)."""
-    limit, idle, in_use, hits, misses = torch.ops.moe_routing._output_cache_stats()
-    return {"limit_bytes": limit, "idle_bytes": idle, "in_use_bytes": in_use, "hits": hits, "misses": misses}
+    ``in_use_bytes`` (held by live tensors), ``hits``, ``misses`` (new memory mapped) and ``min_bytes``
+    (outputs smaller than this come from PyTorch's allocator)."""
+    limit, idle, in_use, hits, misses, min_bytes = torch.ops.moe_routing._output_cache_stats()
+    return {"limit_bytes": limit, "idle_bytes": idle, "in_use_bytes": in_use, "hits": hits, "misses": misses,
+            "min_bytes": min_bytes}
 
 
 def set_output_cache_limit(limit_bytes: int) -> None:
@@ -34,3 +36,12 @@ def empty_cache() -> None:
     """Give every idle buffer back to the OS (tensors in use keep theirs), like
     ``torch.cuda.empty_cache()``."""
     torch.ops.moe_routing._empty_output_cache()
+
+
+def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """A new uninitialised tensor for the package's own large buffers: on the CPU from the output cache, as
+    the operators' outputs (below 1 MiB, or with the cache off, from PyTorch's allocator); elsewhere
+    ``torch.empty``."""
+    if torch.device(device).type == "cpu":
+        return torch.ops.moe_routing._empty_from_output_cache([int(d) for d in shape], dtype)
+    return torch.empty(tuple(shape), dtype=dtype, device=device)

@@ -143,7 +143,8 @@ def poisoned(make):
     freed: with the output cache on, the result's buffers are those, so an element the operator does not
     write shows."""
     result = make()
-    large = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if t.nbytes >= 4 << 20]
+    cached = moe_routing.output_cache_stats()["min_bytes"]
+    large = [t for t in (result if isinstance(result, (tuple, list)) else (result,)) if t.nbytes >= cached]
     tensor = None
     for tensor in large:
         tensor.view(torch.uint8).fill_(0xFF)
@@ -192,17 +193,46 @@ def test_functional_calls_equal_out_calls_bit_for_bit(huge_pages, output_cache, 
     assert torch.equal(grads[0], outs[0]) and torch.equal(grads[1], outs[1])
 
 
-def test_drop_pad_outputs_from_reused_buffers_equal_out_calls(output_cache):
-    # The padding slots of a drop-pad expanded_x (experts with fewer tokens than the capacity) are
-    # written by the operator, whatever a reused buffer held.
+def _drop_pad_cases():
+    """(name, call(out=None)) of operators whose large outputs have slots no pair fills (drop-pad padding,
+    quantised rows, an active_num cut): the operator must write those too."""
     n, k, e, h, capacity = 256, 2, 8, 4100, 96
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(n, h, generator=gen).to(torch.bfloat16)
     idx = torch.randint(0, e, (n, k), generator=gen, dtype=torch.int32)
-    kw = dict(expert_capacity=capacity, expert_num=e, drop_pad_mode=1)
-    fresh = poisoned(lambda: moe_routing.moe_init_routing(x, idx, **kw))
-    assert fresh[0].nbytes >= 4 << 20
-    outs = tuple(torch.full_like(t, 7) for t in fresh)
-    moe_routing.moe_init_routing(x, idx, **kw, out=outs)
+    # Row layout of drop-pad slots: 400 of the 512 pairs get distinct slots of the E*C = 768, the rest -1.
+    slots = torch.full((n * k,), -1, dtype=torch.int32)
+    pairs = torch.randperm(n * k, generator=gen)[:400]
+    slots[pairs] = torch.randperm(e * capacity, generator=gen)[:400].to(torch.int32)
+    grad_y = torch.randn(n, h, generator=gen).to(torch.bfloat16)
+    padded = torch.randn(e, capacity, h, generator=gen).to(torch.bfloat16)
+    scales = torch.rand(n, k, generator=gen)
+    big_n = 640  # grad_x [640, 4100] bf16 > 4 MiB
+    big_slots = torch.full((big_n * k,), -1, dtype=torch.int32)
+    big_pairs = torch.randperm(big_n * k, generator=gen)[:700]
+    big_slots[big_pairs] = torch.randperm(e * capacity, generator=gen)[:700].to(torch.int32)
+
+    def call(fn, *args, **kw):
+        return lambda out=None: fn(*args, **kw) if out is None else fn(*args, **kw, out=out)
+    return [
+        ("dispatch drop-pad", call(moe_routing.moe_init_routing, x, idx, expert_capacity=capacity, expert_num=e,
+                                   drop_pad_mode=1)),
+        ("dispatch active int8", call(moe_routing.moe_init_routing, x, idx, active_num=300, expert_num=e,
+                                      quant_mode=1)),
+        ("dispatch grad drop-pad", call(moe_routing.moe_init_routing_grad, padded, big_slots,
+                                        k, drop_pad_mode=1)),
+        ("combine grad drop-pad", call(moe_routing.moe_finalize_routing_grad, grad_y, slots, padded, scales,
+                                       drop_pad_mode=1, expert_num=e, expert_capacity=capacity)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4), ids=[c[0] for c in _drop_pad_cases()])
+def test_outputs_with_unfilled_slots_from_reused_buffers_equal_out_calls(output_cache, case):
+    name, call = _drop_pad_cases()[case]
+    fresh = poisoned(call)
+    fresh = fresh if isinstance(fresh, (tuple, list)) else (fresh,)
+    assert max(t.nbytes for t in fresh) >= moe_routing.output_cache_stats()["min_bytes"], name
+    outs = tuple(torch.full_like(t, 7) if t.numel() else t for t in fresh)
+    call(out=outs if len(outs) > 1 else outs[0])
     for a, b in zip(fresh, outs):
-        assert torch.equal(a, b)
+        assert torch.equal(a, b), name

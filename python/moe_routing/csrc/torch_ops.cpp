@@ -200,10 +200,41 @@ c10::Allocator& output_cache_allocator() {
   return *allocator;
 }
 
-/// What the output cache holds and has done: [limit, idle, in use] bytes, hits, misses.
+/// A new CPU tensor for an operator's output: of kOutputCacheMinBytes or more, from the output
+/// cache while it is on, else from PyTorch's allocator (huge pages asked for from 4 MiB up,
+/// before anything touches it).
+at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype) {
+  int64_t bytes = int64_t(at::elementSize(dtype));
+  for (const int64_t d : shape) bytes *= d;  // validated shapes: no overflow
+  if (bytes >= moe_routing::detail::kOutputCacheMinBytes &&
+      moe_routing::detail::output_cache_limit() > 0)
+    return at::detail::empty_generic(shape, &output_cache_allocator(),
+                                     c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
+                                     std::nullopt);
+  at::Tensor fresh = at::empty(shape, at::TensorOptions(at::kCPU).dtype(dtype));
+  moe_routing::detail::advise_huge_pages(fresh.data_ptr(), int64_t(fresh.nbytes()));
+  return fresh;
+}
+
+/// new_cpu_output for the Python package's own large CPU buffers (moe_routing.distributed's
+/// received rows): shape entries >= 0, at most 2^62 bytes.
+at::Tensor empty_from_output_cache(std::vector<int64_t> shape, at::ScalarType dtype) {
+  int64_t bytes = int64_t(at::elementSize(dtype));
+  for (const int64_t d : shape) {
+    TORCH_CHECK_VALUE(d >= 0, "_empty_from_output_cache: shape entries must be >= 0, got ", shape);
+    TORCH_CHECK_VALUE(
+        d == 0 || bytes <= (int64_t(1) << 62) / d,
+        "_empty_from_output_cache: the tensor must have at most 2^62 bytes, got shape ", shape);
+    bytes *= d;
+  }
+  return new_cpu_output(shape, dtype);
+}
+
+/// What the output cache holds and has done: [limit, idle, in use] bytes, hits, misses, and the
+/// smallest output it serves.
 std::vector<int64_t> output_cache_stats() {
   const moe_routing::detail::OutputCacheStats s = moe_routing::detail::output_cache_stats();
-  return {s.limit_bytes, s.idle_bytes, s.in_use_bytes, s.hits, s.misses};
+  return {s.limit_bytes, s.idle_bytes, s.in_use_bytes, s.hits, s.misses, s.min_bytes};
 }
 
 void set_output_cache_limit(int64_t bytes) {
@@ -253,19 +284,9 @@ class Call {
   at::Tensor output(const char* name, at::IntArrayRef shape, DType core_type,
                     const at::Tensor* out) const {
     const at::ScalarType dtype = torch_dtype(core_type);
-    if (out == nullptr) {
-      if (!device_.is_cpu()) return at::empty(shape, at::TensorOptions(device_).dtype(dtype));
-      int64_t bytes = int64_t(at::elementSize(dtype));
-      for (const int64_t d : shape) bytes *= d;  // shapes the core validated: no overflow
-      if (bytes >= moe_routing::detail::kOutputCacheMinBytes &&
-          moe_routing::detail::output_cache_limit() > 0)
-        return at::detail::empty_generic(shape, &output_cache_allocator(),
-                                         c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
-                                         std::nullopt);
-      at::Tensor fresh = at::empty(shape, at::TensorOptions(device_).dtype(dtype));
-      moe_routing::detail::advise_huge_pages(fresh.data_ptr(), int64_t(fresh.nbytes()));
-      return fresh;
-    }
+    if (out == nullptr)
+      return device_.is_cpu() ? new_cpu_output(shape, dtype)
+                              : at::empty(shape, at::TensorOptions(device_).dtype(dtype));
     TORCH_CHECK_VALUE(out->sizes() == shape && out->scalar_type() == dtype &&
                           out->is_contiguous() && out->device() == device_,
                       op_, ": out ", name, " must be a contiguous ",
@@ -793,6 +814,8 @@ TORCH_LIBRARY(moe_routing, m) {
   m.def("_output_cache_stats() -> int[]", &output_cache_stats);
   m.def("_set_output_cache_limit(int bytes) -> ()", &set_output_cache_limit);
   m.def("_empty_output_cache() -> ()", &empty_output_cache);
+  m.def("_empty_from_output_cache(int[] shape, ScalarType dtype) -> Tensor",
+        &empty_from_output_cache);
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }
