@@ -7,6 +7,8 @@ part must surface as a RuntimeError naming the operation and the rank."""
 from __future__ import annotations
 
 import functools
+import os
+import types
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import torch
 import ep_cases
 from ep_cases import ep_moe
 import moe_routing.distributed as ep
+from moe_routing.distributed import _launch as launch_module
 from ep_cases import case
 
 TOKENS = {1: [9], 2: [7, 0], 4: [5, 0, 9, 2]}
@@ -150,6 +153,40 @@ def test_router_under_data_parallel(wrapper):
     is the same on every rank."""
     for rank, results in enumerate(_launch(2)):
         assert results["data_parallel"][wrapper] == "ok", f"rank {rank}: {results['data_parallel'][wrapper]}"
+
+
+class _SecondStartFails:
+    """A spawn context whose second Process.start() raises, as when the system refuses a process."""
+
+    def __init__(self):
+        self.spawn = torch.multiprocessing.get_context("spawn")
+        self.processes = []
+
+    def Queue(self):
+        return self.spawn.Queue()
+
+    def Process(self, *args, **kwargs):
+        process = self.spawn.Process(*args, **kwargs)
+        self.processes.append(process)
+        if len(self.processes) == 2:
+            def refuse():
+                raise OSError("cannot start rank 1")
+            process.start = refuse
+        return process
+
+
+def test_a_process_that_cannot_start_stops_the_started_ones(monkeypatch):
+    """run_local re-raises the start's error after terminating and reaping rank 0 (which would
+    otherwise wait at the rendezvous for ranks that never come), and starts no further rank."""
+    context = _SecondStartFails()
+    monkeypatch.setattr(launch_module, "mp", types.SimpleNamespace(get_context=lambda method: context))
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with pytest.raises(OSError, match="cannot start rank 1"):
+        ep.run_local(ep_cases.run_world, 3, {}, timeout=60)
+    first, _, third = context.processes
+    assert first.pid is not None and not first.is_alive() and first.exitcode is not None
+    assert third.pid is None
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
 
 
 @pytest.mark.parametrize("spec", [case("dropless", [7]), case("capacity", [7], capacity=2, dtype=torch.bfloat16)],
