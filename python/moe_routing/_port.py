@@ -96,10 +96,11 @@ def position(shape, flat: int) -> str:
 
 def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: int, meaning: str) -> torch.Tensor:
     """An index tensor (int32 or int64) as int32, every value in [low, high). In eager mode a value
-    outside is an IndexError naming its position; under torch.compile an int64 value outside the
-    int32 range becomes INT32_MIN instead of wrapping, so the operator that reads it rejects it
-    rather than reading a wrong row."""
-    if not is_compiling():
+    outside is an IndexError naming its position; under torch.compile (no data checks) an int64
+    value outside the int32 range becomes INT32_MIN instead of wrapping, so the operator that reads
+    it rejects it rather than reading a wrong row."""
+    checked = not is_compiling()
+    if checked:
         bad = first_true((index < low) | (index >= high))
         if bad is not None:
             value = int(index.reshape(-1)[bad])
@@ -107,6 +108,11 @@ def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: i
                              f"({meaning}), got {value}")
     if index.dtype == torch.int32:
         return index
+    if checked and -INT32_MAX - 1 <= low and high <= INT32_MAX + 1:
+        # Every value was seen in [low, high), inside int32: the cast is exact, no clamping pass.
+        return index.to(torch.int32)
+    # Compiled (nothing was checked), or [low, high) reaches past int32 (high = the length of an
+    # index of more than 2**31 entries): values outside int32 become INT32_MIN, never wrap.
     return torch.where((index >= -INT32_MAX) & (index <= INT32_MAX), index, -INT32_MAX - 1).to(torch.int32)
 
 
