@@ -21,6 +21,11 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as error messages name it: "float32" for torch.float32."""
+    return str(dtype).replace("torch.", "")
+
+
 def is_compiling() -> bool:
     """True while torch.compile traces: data checks (which read tensor values on the host) are left
     out of the graph then, and the operators' own checks remain."""
@@ -53,8 +58,8 @@ def check_tensor(function: str, name: str, tensor, dims, dtypes, shape_text: str
         raise ValueError(f"{function}: {name} must be {wanted}{shape_text}, got {tensor.dim()}-D "
                          f"{list(tensor.shape)}")
     if tensor.dtype not in dtypes:
-        wanted = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ValueError(f"{function}: {name} must be one of {wanted}, got {str(tensor.dtype).replace('torch.', '')}")
+        wanted = ", ".join(dtype_name(d) for d in dtypes)
+        raise ValueError(f"{function}: {name} must be one of {wanted}, got {dtype_name(tensor.dtype)}")
 
 
 def check_int(function: str, name: str, value, minimum: Optional[int] = None):
@@ -65,7 +70,7 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool:
             raise ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a "
-                             f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
+                             f"{value.dim()}-D {dtype_name(value.dtype)} tensor")
         value = int(value)
     elif not isinstance(value, torch.SymInt):
         try:

@@ -37,6 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .._port import dtype_name
 from ._comm import Comm, staging
 
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
@@ -55,7 +56,7 @@ _PAYLOAD_WORDS = _MESSAGE_WORDS - _HEADER_WORDS - _TEXT_WORDS
 _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
-_DTYPE_NAMES = {0: "none", 1: "float32", 2: "float16", 3: "bfloat16", -1: "other"}
+_DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
 _OP_CODES = {"dispatch": 1, "combine": 2}
 
@@ -251,7 +252,7 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
 def _describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
-    return f"{t.dim()}-D {str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device}"
+    return f"{t.dim()}-D {dtype_name(t.dtype)} {list(t.shape)} on {t.device}"
 
 
 def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, group=None,
@@ -518,7 +519,7 @@ def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
     shape = list(h.recv_shape)
     if (not isinstance(expert_out, torch.Tensor) or list(expert_out.shape) != shape
             or expert_out.dtype != h.dtype):
-        raise ValueError(f"{op}: expert_out must be {str(h.dtype).replace('torch.', '')} {shape} (the shape and "
+        raise ValueError(f"{op}: expert_out must be {dtype_name(h.dtype)} {shape} (the shape and "
                          f"dtype of dispatch's recv_x), got {_describe(expert_out)}")
     device = h.local_index.device
     n, k, hidden = h.num_tokens, h.top_k, h.hidden
@@ -528,19 +529,19 @@ def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
         mixed = h.dtype == torch.bfloat16 and isinstance(scales, torch.Tensor) and scales.dtype == torch.float32
         if (not isinstance(scales, torch.Tensor) or list(scales.shape) != [n, k]
                 or (scales.dtype != h.dtype and not mixed) or scales.device != device):
-            allowed = f"{str(h.dtype).replace('torch.', '')}" + (" or float32" if h.dtype == torch.bfloat16 else "")
+            allowed = dtype_name(h.dtype) + (" or float32" if h.dtype == torch.bfloat16 else "")
             raise ValueError(f"{op}: scales must be {allowed} [N, K] = [{n}, {k}] on {device}, got "
                              f"{_describe(scales)}")
     for name, t in (("x1", x1), ("x2", x2)):
         if t is not None and (not isinstance(t, torch.Tensor) or list(t.shape) != [n, hidden]
                               or t.dtype != h.dtype or t.device != device):
-            raise ValueError(f"{op}: {name} must be {str(h.dtype).replace('torch.', '')} [N, H] = [{n}, {hidden}] "
+            raise ValueError(f"{op}: {name} must be {dtype_name(h.dtype)} [N, H] = [{n}, {hidden}] "
                              f"on {device}, got {_describe(t)}")
     if x2 is not None and x1 is None:
         raise ValueError(f"{op}: x2 needs x1, got x2 without x1")
     if bias is not None and (not isinstance(bias, torch.Tensor) or list(bias.shape) != [h.num_experts, hidden]
                              or bias.dtype != h.dtype or bias.device != device):
-        raise ValueError(f"{op}: bias must be {str(h.dtype).replace('torch.', '')} [E, H] = [{h.num_experts}, "
+        raise ValueError(f"{op}: bias must be {dtype_name(h.dtype)} [E, H] = [{h.num_experts}, "
                          f"{hidden}] on {device}, got {_describe(bias)}")
     if numerics not in _NUMERICS_CODES:
         raise ValueError(f"{op}: numerics must be 'atlas_a2' or 'ascend_950', got {numerics!r}")
