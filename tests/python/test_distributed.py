@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import types
 
 import pytest
@@ -195,3 +196,23 @@ def test_world_of_one_without_torch_distributed(spec):
     """Without an initialised process group dispatch / combine run as a world of one."""
     assert not torch.distributed.is_initialized()
     assert ep_cases.compare(spec, 0, 1) == "ok"
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (dict(num_experts=0), "dispatch: num_experts must be >= 1, got 0"),
+    (dict(num_experts=4.0), "dispatch: num_experts must be an int, got 4.0"),
+    (dict(num_experts=True), "dispatch: num_experts must be an int, got True"),
+    (dict(expert_capacity=0), "dispatch: expert_capacity must be >= 1, got 0"),
+    (dict(numerics="a3"), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
+    (dict(combine_numerics="a3"), 'combine: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
+], ids=["num_experts_0", "num_experts_float", "num_experts_bool", "capacity_0", "dispatch_numerics",
+        "combine_numerics"])
+def test_bad_arguments_world_of_one(arguments, message):
+    """The operators' shared argument checks (an int, not a float or a bool; the numerics names),
+    named moe_routing.distributed.dispatch / combine."""
+    x, idx = torch.randn(3, 4), torch.tensor([[0], [1], [0]], dtype=torch.int32)
+    dispatch_arguments = {"num_experts": 2, **arguments}
+    combine_numerics = dispatch_arguments.pop("combine_numerics", "atlas_a2")
+    with pytest.raises(ValueError, match=re.escape(f"moe_routing.distributed.{message} (on rank 0)")):
+        recv_x, _, handle = ep.dispatch(x, idx, **dispatch_arguments)
+        ep.combine(recv_x, handle, numerics=combine_numerics)

@@ -32,12 +32,12 @@ order as the single-device call on the global batch (docs/decisions.md §17):
 """
 from __future__ import annotations
 
-import operator
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .._port import dtype_name
+from .._fake import _check_numerics
+from .._port import check_int, dtype_name
 from ._comm import Comm, staging
 
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
@@ -214,16 +214,6 @@ def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: i
 
 # ---- dispatch ---------------------------------------------------------------------------------------
 
-def _as_int(value, name: str, op: str, minimum: int) -> int:
-    try:
-        result = operator.index(value)
-    except TypeError:
-        result = None
-    if result is None or result < minimum:
-        raise ValueError(f"moe_routing.distributed.{op}: {name} must be an int >= {minimum}, got {value!r}")
-    return result
-
-
 def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, world) -> Tuple[int, Optional[int]]:
     op = "moe_routing.distributed.dispatch"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPE_CODES:
@@ -235,12 +225,11 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
                          f"and K >= 1, got {_describe(expert_idx)}")
     if expert_idx.device != x.device:
         raise ValueError(f"{op}: expert_idx must be on the device of x ({x.device}), got {expert_idx.device}")
-    experts = _as_int(num_experts, "num_experts", "dispatch", 1)
+    experts = check_int(op, "num_experts", num_experts, minimum=1)
     if experts % world:
         raise ValueError(f"{op}: num_experts must be divisible by the world size ({world}), got {experts}")
-    capacity = None if expert_capacity is None else _as_int(expert_capacity, "expert_capacity", "dispatch", 1)
-    if numerics not in _NUMERICS_CODES:
-        raise ValueError(f"{op}: numerics must be 'atlas_a2' or 'ascend_950', got {numerics!r}")
+    capacity = None if expert_capacity is None else check_int(op, "expert_capacity", expert_capacity, minimum=1)
+    _check_numerics(op, numerics)
     if expert_idx.numel():
         low, high = int(expert_idx.min()), int(expert_idx.max())
         if low < 0 or high >= experts:
@@ -543,8 +532,7 @@ def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
                              or bias.dtype != h.dtype or bias.device != device):
         raise ValueError(f"{op}: bias must be {dtype_name(h.dtype)} [E, H] = [{h.num_experts}, "
                          f"{hidden}] on {device}, got {_describe(bias)}")
-    if numerics not in _NUMERICS_CODES:
-        raise ValueError(f"{op}: numerics must be 'atlas_a2' or 'ascend_950', got {numerics!r}")
+    _check_numerics(op, numerics)
 
 
 def _requires_grad(t) -> bool:
