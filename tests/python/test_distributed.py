@@ -216,3 +216,22 @@ def test_bad_arguments_world_of_one(arguments, message):
     with pytest.raises(ValueError, match=re.escape(f"moe_routing.distributed.{message} (on rank 0)")):
         recv_x, _, handle = ep.dispatch(x, idx, **dispatch_arguments)
         ep.combine(recv_x, handle, numerics=combine_numerics)
+
+
+def test_all_to_all_splits_world_of_one():
+    """Splits may be any ints (here 0-dim tensors) and are checked once converted: one per rank,
+    none negative, the input splits summing to the rows."""
+    rows = torch.arange(6.0).view(3, 2).requires_grad_()
+    out = ep.all_to_all(rows, [torch.tensor(3)], [torch.tensor(3)])
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out, rows) and torch.equal(rows.grad, torch.ones_like(rows))
+    prefix = "moe_routing.distributed.all_to_all: "
+    with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
+                                                   "(one per rank), got [3, 0]")):
+        ep.all_to_all(rows, [3, 0], [3])
+    with pytest.raises(ValueError, match=re.escape(prefix + "input_split_sizes must be 1 non-negative ints "
+                                                   "(one per rank), got [-1]")):
+        ep.all_to_all(rows, [3], [torch.tensor(-1)])
+    with pytest.raises(ValueError, match=re.escape(prefix + "sum(input_split_sizes) must equal rows.size(0) (3), "
+                                                   "got 2")):
+        ep.all_to_all(rows, [3], [2])
