@@ -204,9 +204,12 @@ def test_world_of_one_without_torch_distributed(spec):
     (dict(num_experts=True), "dispatch: num_experts must be an int, got True"),
     (dict(expert_capacity=0), "dispatch: expert_capacity must be >= 1, got 0"),
     (dict(numerics="a3"), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
+    # Unhashable: once a TypeError on this rank alone, before the exchange (its peers waited).
+    (dict(numerics=["atlas_a2"]), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "[\'atlas_a2\']"'),
     (dict(combine_numerics="a3"), 'combine: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
+    (dict(combine_numerics=["a3"]), 'combine: numerics must be "atlas_a2" or "ascend_950", got "[\'a3\']"'),
 ], ids=["num_experts_0", "num_experts_float", "num_experts_bool", "capacity_0", "dispatch_numerics",
-        "combine_numerics"])
+        "dispatch_numerics_list", "combine_numerics", "combine_numerics_list"])
 def test_bad_arguments_world_of_one(arguments, message):
     """The operators' shared argument checks (an int, not a float or a bool; the numerics names),
     named moe_routing.distributed.dispatch / combine."""

@@ -289,7 +289,7 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
               8: expert_idx.shape[1] if ok else -1,
               9: _DTYPE_CODES.get(x.dtype, -1) if ok else -1,
               10: -1 if capacity is None else capacity,
-              11: _NUMERICS_CODES.get(numerics, -1),
+              11: _NUMERICS_CODES[numerics] if ok else -1,
               12: int(ok and torch.is_grad_enabled() and x.requires_grad)}
     payload = torch.cat([routing.counts, routing.token_splits]).cpu() if ok else None
     table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, payload)
