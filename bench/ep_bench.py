@@ -67,6 +67,18 @@ def rows_moved(handle) -> int:
     return 2 * sum(handle.token_send_splits) + 2 * sum(handle.send_splits)
 
 
+def exchange_counts(flat_idx, experts):
+    """(counts_in, send_splits, recv_splits): every source rank's pair counts for my experts
+    ([W * E/W], by all_to_all_single of the per-expert counts), and the pair rows this rank sends
+    to / receives from each rank."""
+    world = dist.get_world_size()
+    local = experts // world
+    counts = torch.bincount(flat_idx, minlength=experts)
+    counts_in = torch.empty_like(counts)
+    dist.all_to_all_single(counts_in, counts)
+    return counts_in, counts.view(world, local).sum(1).tolist(), counts_in.view(world, local).sum(1).tolist()
+
+
 def baseline_step(x, idx, scales, grad_y, experts):
     world = dist.get_world_size()
     local = experts // world
@@ -76,11 +88,7 @@ def baseline_step(x, idx, scales, grad_y, experts):
     order = torch.argsort(flat, stable=True)
     token = torch.div(order, k, rounding_mode="floor")
     rows = x.index_select(0, token)
-    counts = torch.bincount(flat, minlength=experts)
-    counts_in = torch.empty_like(counts)
-    dist.all_to_all_single(counts_in, counts)  # [W * E/W]: each source's counts for my experts
-    send_splits = counts.view(world, local).sum(1).tolist()
-    recv_splits = counts_in.view(world, local).sum(1).tolist()
+    counts_in, send_splits, recv_splits = exchange_counts(flat, experts)
     received = sum(recv_splits)
     recv = ep.all_to_all(rows, recv_splits, send_splits)
     # Source-major blocks (s, j) -> expert-major (j, s).
@@ -101,13 +109,7 @@ class Bare:
     """The four row exchanges of a step, as bare all_to_all_single calls on preallocated buffers."""
 
     def __init__(self, x, idx, experts):
-        world = dist.get_world_size()
-        local = experts // world
-        counts = torch.bincount(idx.reshape(-1).long(), minlength=experts)
-        counts_in = torch.empty_like(counts)
-        dist.all_to_all_single(counts_in, counts)
-        self.send = counts.view(world, local).sum(1).tolist()
-        self.recv = counts_in.view(world, local).sum(1).tolist()
+        _, self.send, self.recv = exchange_counts(idx.reshape(-1).long(), experts)
         hidden = x.shape[1]
         self.rows = torch.randn(sum(self.send), hidden).to(x.dtype)
         self.received = torch.empty(sum(self.recv), hidden, dtype=x.dtype)

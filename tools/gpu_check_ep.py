@@ -16,6 +16,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from moe_routing._port import dtype_name
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 import ep_cases  # noqa: E402
 
@@ -32,7 +34,7 @@ def main(argv=None) -> int:
     specs = []
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for capacity in (None, 3):
-            name = f"{str(dtype).replace('torch.', '')}_{'capacity' if capacity else 'dropless'}"
+            name = f"{dtype_name(dtype)}_{'capacity' if capacity else 'dropless'}"
             specs.append(ep_cases.case(name, [37], dtype=dtype, capacity=capacity, hidden=200, top_k=3, experts=8))
     specs.append(ep_cases.case("float16_ascend_950", [37], dtype=torch.float16, numerics="ascend_950", hidden=200,
                                top_k=3, experts=8, x2=True))

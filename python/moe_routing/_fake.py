@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ._port import dtype_name
+
 _NUMERICS = ("atlas_a2", "ascend_950")
 _ORDERS = ("tree", "sequential")
 
@@ -33,7 +35,7 @@ def _check_out(op, first, outs, expected):
     _check_devices(op, first, **{f"out {name}": t for name, t in outs.items()})
     for (name, out), want in zip(outs.items(), expected):
         if out.shape != want.shape or out.dtype != want.dtype:
-            raise ValueError(f"{op}: out {name} must be a contiguous {str(want.dtype)[6:]} tensor of shape "
+            raise ValueError(f"{op}: out {name} must be a contiguous {dtype_name(want.dtype)} tensor of shape "
                              f"{list(want.shape)} on {first.device} (the device of the operator's first "
                              f"input), got {out.dtype} {list(out.shape)} on {out.device}")
 

@@ -21,6 +21,11 @@ INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as error messages name it: "float32" for torch.float32."""
+    return str(dtype).replace("torch.", "")
+
+
 def is_compiling() -> bool:
     """True while torch.compile traces: data checks (which read tensor values on the host) are left
     out of the graph then, and the operators' own checks remain."""
@@ -53,8 +58,8 @@ def check_tensor(function: str, name: str, tensor, dims, dtypes, shape_text: str
         raise ValueError(f"{function}: {name} must be {wanted}{shape_text}, got {tensor.dim()}-D "
                          f"{list(tensor.shape)}")
     if tensor.dtype not in dtypes:
-        wanted = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ValueError(f"{function}: {name} must be one of {wanted}, got {str(tensor.dtype).replace('torch.', '')}")
+        wanted = ", ".join(dtype_name(d) for d in dtypes)
+        raise ValueError(f"{function}: {name} must be one of {wanted}, got {dtype_name(tensor.dtype)}")
 
 
 def check_int(function: str, name: str, value, minimum: Optional[int] = None):
@@ -65,7 +70,7 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool:
             raise ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a "
-                             f"{value.dim()}-D {str(value.dtype).replace('torch.', '')} tensor")
+                             f"{value.dim()}-D {dtype_name(value.dtype)} tensor")
         value = int(value)
     elif not isinstance(value, torch.SymInt):
         try:
@@ -96,10 +101,11 @@ def position(shape, flat: int) -> str:
 
 def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: int, meaning: str) -> torch.Tensor:
     """An index tensor (int32 or int64) as int32, every value in [low, high). In eager mode a value
-    outside is an IndexError naming its position; under torch.compile an int64 value outside the
-    int32 range becomes INT32_MIN instead of wrapping, so the operator that reads it rejects it
-    rather than reading a wrong row."""
-    if not is_compiling():
+    outside is an IndexError naming its position; under torch.compile (no data checks) an int64
+    value outside the int32 range becomes INT32_MIN instead of wrapping, so the operator that reads
+    it rejects it rather than reading a wrong row."""
+    checked = not is_compiling()
+    if checked:
         bad = first_true((index < low) | (index >= high))
         if bad is not None:
             value = int(index.reshape(-1)[bad])
@@ -107,6 +113,11 @@ def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: i
                              f"({meaning}), got {value}")
     if index.dtype == torch.int32:
         return index
+    if checked and -INT32_MAX - 1 <= low and high <= INT32_MAX + 1:
+        # Every value was seen in [low, high), inside int32: the cast is exact, no clamping pass.
+        return index.to(torch.int32)
+    # Compiled (nothing was checked), or [low, high) reaches past int32 (high = the length of an
+    # index of more than 2**31 entries): values outside int32 become INT32_MIN, never wrap.
     return torch.where((index >= -INT32_MAX) & (index <= INT32_MAX), index, -INT32_MAX - 1).to(torch.int32)
 
 

@@ -7,6 +7,9 @@ part must surface as a RuntimeError naming the operation and the rank."""
 from __future__ import annotations
 
 import functools
+import os
+import re
+import types
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ import torch
 import ep_cases
 from ep_cases import ep_moe
 import moe_routing.distributed as ep
+from moe_routing.distributed import _launch as launch_module
 from ep_cases import case
 
 TOKENS = {1: [9], 2: [7, 0], 4: [5, 0, 9, 2]}
@@ -152,9 +156,85 @@ def test_router_under_data_parallel(wrapper):
         assert results["data_parallel"][wrapper] == "ok", f"rank {rank}: {results['data_parallel'][wrapper]}"
 
 
+class _SecondStartFails:
+    """A spawn context whose second Process.start() raises, as when the system refuses a process."""
+
+    def __init__(self):
+        self.spawn = torch.multiprocessing.get_context("spawn")
+        self.processes = []
+
+    def Queue(self):
+        return self.spawn.Queue()
+
+    def Process(self, *args, **kwargs):
+        process = self.spawn.Process(*args, **kwargs)
+        self.processes.append(process)
+        if len(self.processes) == 2:
+            def refuse():
+                raise OSError("cannot start rank 1")
+            process.start = refuse
+        return process
+
+
+def test_a_process_that_cannot_start_stops_the_started_ones(monkeypatch):
+    """run_local re-raises the start's error after terminating and reaping rank 0 (which would
+    otherwise wait at the rendezvous for ranks that never come), and starts no further rank."""
+    context = _SecondStartFails()
+    monkeypatch.setattr(launch_module, "mp", types.SimpleNamespace(get_context=lambda method: context))
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with pytest.raises(OSError, match="cannot start rank 1"):
+        ep.run_local(ep_cases.run_world, 3, {}, timeout=60)
+    first, _, third = context.processes
+    assert first.pid is not None and not first.is_alive() and first.exitcode is not None
+    assert third.pid is None
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+
+
 @pytest.mark.parametrize("spec", [case("dropless", [7]), case("capacity", [7], capacity=2, dtype=torch.bfloat16)],
                          ids=lambda s: s["name"])
 def test_world_of_one_without_torch_distributed(spec):
     """Without an initialised process group dispatch / combine run as a world of one."""
     assert not torch.distributed.is_initialized()
     assert ep_cases.compare(spec, 0, 1) == "ok"
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (dict(num_experts=0), "dispatch: num_experts must be >= 1, got 0"),
+    (dict(num_experts=4.0), "dispatch: num_experts must be an int, got 4.0"),
+    (dict(num_experts=True), "dispatch: num_experts must be an int, got True"),
+    (dict(expert_capacity=0), "dispatch: expert_capacity must be >= 1, got 0"),
+    (dict(numerics="a3"), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
+    # Unhashable: once a TypeError on this rank alone, before the exchange (its peers waited).
+    (dict(numerics=["atlas_a2"]), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "[\'atlas_a2\']"'),
+    (dict(combine_numerics="a3"), 'combine: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
+    (dict(combine_numerics=["a3"]), 'combine: numerics must be "atlas_a2" or "ascend_950", got "[\'a3\']"'),
+], ids=["num_experts_0", "num_experts_float", "num_experts_bool", "capacity_0", "dispatch_numerics",
+        "dispatch_numerics_list", "combine_numerics", "combine_numerics_list"])
+def test_bad_arguments_world_of_one(arguments, message):
+    """The operators' shared argument checks (an int, not a float or a bool; the numerics names),
+    named moe_routing.distributed.dispatch / combine."""
+    x, idx = torch.randn(3, 4), torch.tensor([[0], [1], [0]], dtype=torch.int32)
+    dispatch_arguments = {"num_experts": 2, **arguments}
+    combine_numerics = dispatch_arguments.pop("combine_numerics", "atlas_a2")
+    with pytest.raises(ValueError, match=re.escape(f"moe_routing.distributed.{message} (on rank 0)")):
+        recv_x, _, handle = ep.dispatch(x, idx, **dispatch_arguments)
+        ep.combine(recv_x, handle, numerics=combine_numerics)
+
+
+def test_all_to_all_splits_world_of_one():
+    """Splits may be any ints (here 0-dim tensors) and are checked once converted: one per rank,
+    none negative, the input splits summing to the rows."""
+    rows = torch.arange(6.0).view(3, 2).requires_grad_()
+    out = ep.all_to_all(rows, [torch.tensor(3)], [torch.tensor(3)])
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out, rows) and torch.equal(rows.grad, torch.ones_like(rows))
+    prefix = "moe_routing.distributed.all_to_all: "
+    with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
+                                                   "(one per rank), got [3, 0]")):
+        ep.all_to_all(rows, [3, 0], [3])
+    with pytest.raises(ValueError, match=re.escape(prefix + "input_split_sizes must be 1 non-negative ints "
+                                                   "(one per rank), got [-1]")):
+        ep.all_to_all(rows, [3], [torch.tensor(-1)])
+    with pytest.raises(ValueError, match=re.escape(prefix + "sum(input_split_sizes) must equal rows.size(0) (3), "
+                                                   "got 2")):
+        ep.all_to_all(rows, [3], [2])

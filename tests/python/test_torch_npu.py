@@ -621,3 +621,14 @@ def test_compile_fullgraph_pipeline_bit_for_bit():
             results.append([out] + [a.grad for a in leaves if a.requires_grad])
         for eager, compiled in zip(*results):
             assert_bitwise_equal(eager, compiled, layer.__name__)
+
+
+def test_compiled_unpermute_refuses_int64_indices_beyond_int32():
+    """Compiled code has no data checks: an int64 sorted_indices value that a plain int32 cast
+    would wrap onto a valid row (2**32 + 1 -> 1) must reach the operator as INT32_MIN and be
+    refused, not read row 1."""
+    permuted, probs = torch.randn(4, 3), torch.rand(2, 2)
+    index = torch.tensor([0, 1, 2**32 + 1, 3])
+    compiled = torch.compile(torch_npu.npu_moe_token_unpermute, fullgraph=True, backend="aot_eager")
+    with pytest.raises(IndexError, match=r"expanded_row_idx\[2\] = -2147483648 is outside \[0, 4\)"):
+        compiled(permuted, index, probs)

@@ -191,11 +191,13 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
         RuntimeError: the collective failed or timed out (naming the operation and rank).
     """
     comm = Comm(group, "all_to_all")
-    for name, splits in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
-        if len(splits) != comm.world or any(int(s) < 0 for s in splits):
+    output_splits = [int(s) for s in output_split_sizes]
+    input_splits = [int(s) for s in input_split_sizes]
+    for name, splits in (("output_split_sizes", output_splits), ("input_split_sizes", input_splits)):
+        if len(splits) != comm.world or any(s < 0 for s in splits):
             raise ValueError(f"moe_routing.distributed.all_to_all: {name} must be {comm.world} non-negative ints "
-                             f"(one per rank), got {list(splits)}")
-    if sum(int(s) for s in input_split_sizes) != rows.shape[0]:
+                             f"(one per rank), got {splits}")
+    if sum(input_splits) != rows.shape[0]:
         raise ValueError(f"moe_routing.distributed.all_to_all: sum(input_split_sizes) must equal rows.size(0) "
-                         f"({rows.shape[0]}), got {sum(int(s) for s in input_split_sizes)}")
-    return _AllToAll.apply(rows, [int(s) for s in output_split_sizes], [int(s) for s in input_split_sizes], comm)
+                         f"({rows.shape[0]}), got {sum(input_splits)}")
+    return _AllToAll.apply(rows, output_splits, input_splits, comm)

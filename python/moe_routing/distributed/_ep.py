@@ -32,11 +32,12 @@ order as the single-device call on the global batch (docs/decisions.md §17):
 """
 from __future__ import annotations
 
-import operator
 from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .._fake import _check_numerics
+from .._port import check_int, dtype_name
 from ._comm import Comm, staging
 
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
@@ -55,7 +56,7 @@ _PAYLOAD_WORDS = _MESSAGE_WORDS - _HEADER_WORDS - _TEXT_WORDS
 _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
-_DTYPE_NAMES = {0: "none", 1: "float32", 2: "float16", 3: "bfloat16", -1: "other"}
+_DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
 _OP_CODES = {"dispatch": 1, "combine": 2}
 
@@ -213,16 +214,6 @@ def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: i
 
 # ---- dispatch ---------------------------------------------------------------------------------------
 
-def _as_int(value, name: str, op: str, minimum: int) -> int:
-    try:
-        result = operator.index(value)
-    except TypeError:
-        result = None
-    if result is None or result < minimum:
-        raise ValueError(f"moe_routing.distributed.{op}: {name} must be an int >= {minimum}, got {value!r}")
-    return result
-
-
 def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, world) -> Tuple[int, Optional[int]]:
     op = "moe_routing.distributed.dispatch"
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPE_CODES:
@@ -234,12 +225,11 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
                          f"and K >= 1, got {_describe(expert_idx)}")
     if expert_idx.device != x.device:
         raise ValueError(f"{op}: expert_idx must be on the device of x ({x.device}), got {expert_idx.device}")
-    experts = _as_int(num_experts, "num_experts", "dispatch", 1)
+    experts = check_int(op, "num_experts", num_experts, minimum=1)
     if experts % world:
         raise ValueError(f"{op}: num_experts must be divisible by the world size ({world}), got {experts}")
-    capacity = None if expert_capacity is None else _as_int(expert_capacity, "expert_capacity", "dispatch", 1)
-    if numerics not in _NUMERICS_CODES:
-        raise ValueError(f"{op}: numerics must be 'atlas_a2' or 'ascend_950', got {numerics!r}")
+    capacity = None if expert_capacity is None else check_int(op, "expert_capacity", expert_capacity, minimum=1)
+    _check_numerics(op, numerics)
     if expert_idx.numel():
         low, high = int(expert_idx.min()), int(expert_idx.max())
         if low < 0 or high >= experts:
@@ -251,7 +241,7 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
 def _describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
-    return f"{t.dim()}-D {str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device}"
+    return f"{t.dim()}-D {dtype_name(t.dtype)} {list(t.shape)} on {t.device}"
 
 
 def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, group=None,
@@ -299,7 +289,7 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
               8: expert_idx.shape[1] if ok else -1,
               9: _DTYPE_CODES.get(x.dtype, -1) if ok else -1,
               10: -1 if capacity is None else capacity,
-              11: _NUMERICS_CODES.get(numerics, -1),
+              11: _NUMERICS_CODES[numerics] if ok else -1,
               12: int(ok and torch.is_grad_enabled() and x.requires_grad)}
     payload = torch.cat([routing.counts, routing.token_splits]).cpu() if ok else None
     table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, payload)
@@ -518,7 +508,7 @@ def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
     shape = list(h.recv_shape)
     if (not isinstance(expert_out, torch.Tensor) or list(expert_out.shape) != shape
             or expert_out.dtype != h.dtype):
-        raise ValueError(f"{op}: expert_out must be {str(h.dtype).replace('torch.', '')} {shape} (the shape and "
+        raise ValueError(f"{op}: expert_out must be {dtype_name(h.dtype)} {shape} (the shape and "
                          f"dtype of dispatch's recv_x), got {_describe(expert_out)}")
     device = h.local_index.device
     n, k, hidden = h.num_tokens, h.top_k, h.hidden
@@ -528,22 +518,21 @@ def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
         mixed = h.dtype == torch.bfloat16 and isinstance(scales, torch.Tensor) and scales.dtype == torch.float32
         if (not isinstance(scales, torch.Tensor) or list(scales.shape) != [n, k]
                 or (scales.dtype != h.dtype and not mixed) or scales.device != device):
-            allowed = f"{str(h.dtype).replace('torch.', '')}" + (" or float32" if h.dtype == torch.bfloat16 else "")
+            allowed = dtype_name(h.dtype) + (" or float32" if h.dtype == torch.bfloat16 else "")
             raise ValueError(f"{op}: scales must be {allowed} [N, K] = [{n}, {k}] on {device}, got "
                              f"{_describe(scales)}")
     for name, t in (("x1", x1), ("x2", x2)):
         if t is not None and (not isinstance(t, torch.Tensor) or list(t.shape) != [n, hidden]
                               or t.dtype != h.dtype or t.device != device):
-            raise ValueError(f"{op}: {name} must be {str(h.dtype).replace('torch.', '')} [N, H] = [{n}, {hidden}] "
+            raise ValueError(f"{op}: {name} must be {dtype_name(h.dtype)} [N, H] = [{n}, {hidden}] "
                              f"on {device}, got {_describe(t)}")
     if x2 is not None and x1 is None:
         raise ValueError(f"{op}: x2 needs x1, got x2 without x1")
     if bias is not None and (not isinstance(bias, torch.Tensor) or list(bias.shape) != [h.num_experts, hidden]
                              or bias.dtype != h.dtype or bias.device != device):
-        raise ValueError(f"{op}: bias must be {str(h.dtype).replace('torch.', '')} [E, H] = [{h.num_experts}, "
+        raise ValueError(f"{op}: bias must be {dtype_name(h.dtype)} [E, H] = [{h.num_experts}, "
                          f"{hidden}] on {device}, got {_describe(bias)}")
-    if numerics not in _NUMERICS_CODES:
-        raise ValueError(f"{op}: numerics must be 'atlas_a2' or 'ascend_950', got {numerics!r}")
+    _check_numerics(op, numerics)
 
 
 def _requires_grad(t) -> bool:

@@ -37,6 +37,17 @@ def _child(rank: int, world: int, port: int, backend: str, collective_timeout: f
     os._exit(0)
 
 
+def _stop(processes: List[Any]) -> None:
+    """Terminates the started processes and reaps them (killed if a terminate is not enough)."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=5.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 def run_local(target: Callable, world: int, *args, timeout: float = 120.0, collective_timeout: float = 30.0,
               backend: str = "gloo", threads: int = 1) -> List[Any]:
     """Runs target(rank, world, *args) in `world` new processes joined in one process group
@@ -53,6 +64,8 @@ def run_local(target: Callable, world: int, *args, timeout: float = 120.0, colle
 
     Raises:
         RuntimeError: a process raised (its traceback is in the message), died, or ran past timeout.
+        Whatever starting a process raised (OSError, ...), once the processes already started
+        are terminated and reaped.
     """
     store = dist.TCPStore("127.0.0.1", 0, world + 1, True, timeout=datetime.timedelta(seconds=60),
                           wait_for_workers=False)
@@ -65,8 +78,14 @@ def run_local(target: Callable, world: int, *args, timeout: float = 120.0, colle
     previous = os.environ.get("GLOO_SOCKET_IFNAME")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     try:
-        for process in processes:
-            process.start()
+        for started, process in enumerate(processes):
+            try:
+                process.start()
+            except BaseException:
+                # The ranks already running would wait for the missing one at the rendezvous
+                # until the store's timeout: end them before reporting why this one did not start.
+                _stop(processes[:started])
+                raise
     finally:
         if previous is None:
             del os.environ["GLOO_SOCKET_IFNAME"]
