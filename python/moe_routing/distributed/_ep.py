@@ -36,6 +36,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from .. import _cache
 from .._fake import _check_numerics
 from .._port import check_int, dtype_name
 from ._comm import Comm, staging
@@ -476,7 +477,11 @@ class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, received_tokens, h: DispatchHandle):
         ctx.handle = h
-        return received_tokens.index_select(0, h.expand).view(h.recv_shape)
+        # recv_x is handed to the experts and freed a step later: from the output cache, as the
+        # operators' outputs (new pages would cost their first touch on every step).
+        rows = _cache.empty((h.expand.shape[0], received_tokens.shape[1]), received_tokens.dtype,
+                            received_tokens.device)
+        return torch.index_select(received_tokens, 0, h.expand, out=rows).view(h.recv_shape)
 
     @staticmethod
     def backward(ctx, grad):
