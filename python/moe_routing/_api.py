@@ -7,6 +7,18 @@ from typing import List, Optional, Union
 import torch
 
 
+def _functional(op, *args, **kwargs):
+    """op(*args, **kwargs), a functional call. Where grad mode is off or no tensor argument requires grad, and
+    nothing traces the call (torch.compile), it runs below the Autograd key: the Python-level autograd kernel
+    that torch.library.register_autograd installs would only find nothing to record, at ~3.5 us per call - as
+    much as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
+    if torch.compiler.is_compiling() or (
+            torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+        return op(*args, **kwargs)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args, **kwargs)
+
+
 def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor, top_k: int,
                           drop_pad_mode: int = 0, active_num: int = 0, *, numerics: str = "atlas_a2",
                           order: Optional[str] = None, out=None) -> torch.Tensor:
@@ -37,8 +49,8 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
             grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num, numerics=numerics,
             order=order, out=out)
         return out
-    return torch.ops.moe_routing.moe_init_routing_grad(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode,
-                                                       active_num, numerics=numerics, order=order)
+    return _functional(torch.ops.moe_routing.moe_init_routing_grad, grad_expanded_x, expanded_row_idx, top_k,
+                       drop_pad_mode, active_num, numerics=numerics, order=order)
 
 
 def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: int = 0,
@@ -65,8 +77,8 @@ def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: i
         expanded_row_idx [N*K] int32 (pair p -> its row or slot; -1 when dropped for capacity);
         the two int32 [E] count tensors (zeros when not requested).
     """
-    return torch.ops.moe_routing.moe_init_routing_v2(
-        x, expert_idx, active_num, expert_capacity, expert_num, drop_pad_mode,
+    return _functional(
+        torch.ops.moe_routing.moe_init_routing_v2, x, expert_idx, active_num, expert_capacity, expert_num, drop_pad_mode,
         expert_tokens_count_or_cumsum_flag, expert_tokens_before_capacity_flag, numerics=numerics)
 
 
@@ -124,7 +136,7 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, scale: Optional[
                  "expanded_topk_weight")
         torch.ops.moe_routing.moe_init_routing.out(*args, numerics=numerics, **dict(zip(names, out)))
         return tuple(out)
-    return torch.ops.moe_routing.moe_init_routing(*args, numerics=numerics)
+    return _functional(torch.ops.moe_routing.moe_init_routing, *args, numerics=numerics)
 
 
 def moe_finalize_routing(expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor,
@@ -184,7 +196,7 @@ def moe_finalize_routing(expanded_x: torch.Tensor, expanded_row_idx: torch.Tenso
     if out is not None:
         torch.ops.moe_routing.moe_finalize_routing.out(*args, numerics=numerics, api=api, out=out)
         return out
-    return torch.ops.moe_routing.moe_finalize_routing(*args, numerics=numerics, api=api)
+    return _functional(torch.ops.moe_routing.moe_finalize_routing, *args, numerics=numerics, api=api)
 
 
 def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tensor,
@@ -238,8 +250,8 @@ def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tens
             *args, numerics=numerics, grad_expanded_x=out[0], grad_scales=out[1],
             grad_bias=out[2] if grad_bias else None)
         return out
-    results = torch.ops.moe_routing.moe_finalize_routing_grad(
-        *args, numerics=numerics, compute_grad_scales=True, compute_grad_bias=grad_bias)
+    results = _functional(torch.ops.moe_routing.moe_finalize_routing_grad, *args, numerics=numerics,
+                          compute_grad_scales=True, compute_grad_bias=grad_bias)
     return results if grad_bias else results[:2]
 
 

@@ -141,3 +141,28 @@ def test_combine_through_grad_operator_is_differentiable():
         if eri[p] >= 0:
             expected[eri[p]] = g[p // 3]
     assert torch.equal(y.grad, expected)
+
+
+@pytest.mark.parametrize("mode", ["requires_grad", "plain", "no_grad", "inference_mode"])
+def test_functional_calls_record_a_graph_exactly_when_a_gradient_is_needed(mode):
+    # Calls that need no graph skip the Python-level autograd kernel (_api._functional); the results and
+    # what is recorded must not change.
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 32, generator=gen)
+    idx = torch.stack([torch.randperm(8, generator=gen)[:2] for _ in range(6)]).to(torch.int32)
+    scales = torch.rand(6, 2, generator=gen)
+    expected = moe_routing.moe_init_routing(x, idx, expert_num=8)[0]
+    x = x.clone().requires_grad_(mode != "plain")
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}.get(mode, torch.enable_grad)
+    with context():
+        expanded_x, eri = moe_routing.moe_init_routing(x, idx, expert_num=8)[:2]
+        y = moe_routing.moe_finalize_routing(expanded_x, eri, scales=scales, drop_pad_mode=2)
+        grad_x = moe_routing.moe_init_routing_grad(expanded_x, eri, 2)
+        grads = moe_routing.moe_finalize_routing_grad(y, eri, expanded_x, scales)
+    assert torch.equal(expanded_x.detach(), expected)
+    tracked = mode == "requires_grad"
+    for t in (expanded_x, y, grad_x, grads[0]):
+        assert (t.grad_fn is not None) == tracked
+    if tracked:
+        y.sum().backward()
+        assert x.grad is not None and x.grad.shape == x.shape
