@@ -9,11 +9,12 @@ import torch
 
 def _functional(op, *args, **kwargs):
     """op(*args, **kwargs), a functional call. Where grad mode is off or no tensor argument requires grad, and
-    nothing traces the call (torch.compile), it runs below the Autograd key: the Python-level autograd kernel
-    that torch.library.register_autograd installs would only find nothing to record, at ~3.5 us per call - as
-    much as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
-    if torch.compiler.is_compiling() or (
-            torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+    nothing traces or transforms the call (torch.compile; a torch.func transform, whose wrapped tensors hide
+    requires_grad), it runs below the Autograd key: the Python-level autograd kernel that
+    torch.library.register_autograd installs would only find nothing to record, at ~3.5 us per call - as much
+    as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
+    if (torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+            or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
         return op(*args, **kwargs)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args, **kwargs)

@@ -279,3 +279,8 @@ def _moe_finalize_routing_grad_out_fake(grad_y, expanded_row_idx, expanded_x=Non
     _check_out(op, grad_y, outs, [e for e, t in zip(expected, (grad_expanded_x, grad_scales, grad_bias))
                                   if t is not None])
     return None
+
+
+@torch.library.register_fake("moe_routing::_empty_from_output_cache")
+def _empty_from_output_cache_fake(shape, dtype):
+    return torch.empty(shape, dtype=dtype)

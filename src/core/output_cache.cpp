@@ -1,6 +1,7 @@
 // The cache of large output buffers (core/output_cache.h).
 #include "core/output_cache.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -19,17 +20,43 @@ namespace {
 
 constexpr int64_t kBlock = int64_t(2) << 20;  // sizes are whole huge pages
 
+/// Requests above this are refused (nullptr): rounding them up could overflow, and no machine has
+/// the memory (the binding's caller then gets PyTorch's allocator and its out-of-memory error).
+constexpr int64_t kMaxRequestBytes = int64_t(1) << 62;
+
+/// The memory this process may use: physical memory, or less where the cgroup (v2, else v1) caps
+/// it, as in a container.
+int64_t usable_memory() {
+  int64_t memory = 0;
+#if defined(__linux__)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) memory = int64_t(pages) * page;
+  for (const char* path :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    if (std::FILE* f = std::fopen(path, "r")) {
+      long long cap = 0;
+      const bool numeric = std::fscanf(f, "%lld", &cap) == 1;  // "max": no cap
+      std::fclose(f);
+      if (numeric && cap > 0 && (memory == 0 || cap < memory)) memory = cap;
+      break;
+    }
+  }
+#endif
+  return memory > 0 ? memory : int64_t(8) << 30;
+}
+
 int64_t default_limit() {
   if (const char* mib = std::getenv("MOE_ROUTING_OUTPUT_CACHE_MB")) {
     char* end = nullptr;
     const long long value = std::strtoll(mib, &end, 10);
-    if (end != mib && *end == '\0' && value >= 0) return int64_t(value) << 20;
+    if (end != mib && *end == '\0' && value >= 0)
+      return value >= (int64_t(1) << 40) ? int64_t(1) << 60 : int64_t(value) << 20;
+    std::fprintf(stderr,
+                 "moe_routing: MOE_ROUTING_OUTPUT_CACHE_MB must be a whole number of MiB >= 0, got "
+                 "\"%s\"; using the default (1/8 of the memory this process may use)\n",
+                 mib);
   }
-#if defined(__linux__)
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) return int64_t(pages) * page / 8;
-#endif
-  return int64_t(1) << 30;
+  return usable_memory() / 8;
 }
 
 /// New memory of `size` bytes (a multiple of kBlock), kBlock-aligned.
@@ -124,6 +151,7 @@ void unmap_all(const std::vector<Idle>& freed) {
 }  // namespace
 
 void* acquire_output(int64_t bytes) {
+  if (bytes > kMaxRequestBytes) return nullptr;
   if (bytes <= 0) bytes = 1;
   const int64_t size = (bytes + kBlock - 1) / kBlock * kBlock;
   Cache& c = cache();
@@ -169,9 +197,14 @@ void release_output(void* data) {
     const int64_t size = it->second;
     c.in_use.erase(it);
     c.stats.in_use_bytes -= size;
-    c.idle.push_back(Idle{data, size, ++c.clock});
-    c.stats.idle_bytes += size;
-    freed = c.trim_locked(c.limit_locked());
+    if (size > c.limit_locked()) {
+      // It could never stay: give it back at once rather than evict every older buffer first.
+      freed.push_back(Idle{data, size, 0});
+    } else {
+      c.idle.push_back(Idle{data, size, ++c.clock});
+      c.stats.idle_bytes += size;
+      freed = c.trim_locked(c.limit_locked());
+    }
   }
   unmap_all(freed);
 }

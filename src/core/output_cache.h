@@ -1,8 +1,8 @@
 // A cache of large host buffers for the outputs a functional front end returns (the torch binding's
 // new CPU tensors), so that a training or serving loop, which frees an output of the same size a
 // step later, reuses memory that is already in place instead of having the OS fault in and zero
-// new pages on every call (docs/PERFORMANCE.md, "What a training step sees": a 235 MB expanded_x
-// cost 1.7-2.5x the kernel with huge pages, 10-15x without, all of it first touch). The same idea
+// new pages on every call (docs/PERFORMANCE.md, "What a training step sees": a fresh expanded_x
+// cost 1.7-3.8x the kernel with huge pages, 12-19x without, all of it first touch). The same idea
 // as PyTorch's CUDA caching allocator, for the host, bounded: buffers nobody uses are kept up to a
 // limit of bytes and given back to the OS oldest first beyond it.
 #pragma once
@@ -31,17 +31,19 @@ struct OutputCacheStats {
 /// one of that size (or at most 1/8 larger) if the cache holds one, the most recently released
 /// first, else new memory from the OS, asked to be backed by huge pages where huge_pages_enabled()
 /// (core/memory_hints.h). Its contents are unspecified (a reused buffer holds what its last user
-/// wrote). nullptr when the OS refuses the memory. Thread-safe.
+/// wrote). nullptr when the OS refuses the memory or bytes > 2^62. Thread-safe.
 void* acquire_output(int64_t bytes);
 
 /// Returns a buffer from acquire_output to the cache: kept for reuse, after which the idle buffers
-/// released longest ago are given back to the OS until at most the limit's bytes stay idle.
-/// Pointers acquire_output did not return are ignored. Thread-safe.
+/// released longest ago are given back to the OS until at most the limit's bytes stay idle (a
+/// buffer larger than the limit goes back to the OS at once). Pointers acquire_output did not
+/// return are ignored. Thread-safe.
 void release_output(void* data);
 
-/// The limit of idle bytes: MOE_ROUTING_OUTPUT_CACHE_MB (MiB; 0 turns the cache off: every buffer
-/// goes back to the OS when released) when set, else 1/8 of the machine's physical memory. Read
-/// at the first use; set_output_cache_limit replaces it.
+/// The limit of idle bytes, per process: MOE_ROUTING_OUTPUT_CACHE_MB (MiB; 0 turns the cache off:
+/// every buffer goes back to the OS when released) when set to a whole number (else a warning on
+/// stderr and the default), else 1/8 of the memory the process may use (physical memory, or the
+/// cgroup's limit where lower). Read at the first use; set_output_cache_limit replaces it.
 int64_t output_cache_limit();
 
 /// Sets the limit of idle bytes (>= 0), giving back what exceeds it now.

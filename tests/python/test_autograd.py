@@ -166,3 +166,20 @@ def test_functional_calls_record_a_graph_exactly_when_a_gradient_is_needed(mode)
     if tracked:
         y.sum().backward()
         assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_functional_calls_under_vmap_keep_the_graph_of_the_outer_tensor():
+    # Inside torch.func.vmap the batched tensor reports requires_grad=False although the outer one requires
+    # grad: the call must still go through the autograd kernel (a review found the gradient dropped).
+    x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(6))
+    idx = torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+
+    def grad_sum(op):
+        xr = x.clone().requires_grad_()
+        (torch.func.vmap(op)(xr).sum() + xr.sum()).backward()
+        return xr.grad
+
+    ours = grad_sum(lambda b: moe_routing.moe_init_routing(b, idx, expert_num=4)[0])
+    raw = grad_sum(lambda b: torch.ops.moe_routing.moe_init_routing(b, idx, expert_num=4)[0])
+    assert torch.equal(ours, raw)
+    assert torch.equal(ours, torch.full_like(x, 3.0))  # K = 2 rows per token, plus xr.sum()

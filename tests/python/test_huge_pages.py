@@ -1,6 +1,7 @@
 """The functional operators' new outputs: large CPU ones come from the output cache (moe_routing.empty_cache,
 set_output_cache_limit, MOE_ROUTING_OUTPUT_CACHE_MB), reused once freed; new memory gets huge pages asked for
 (MOE_ROUTING_HUGE_PAGES, default on); and the same bits as the out= calls whatever a reused buffer held."""
+import gc
 import os
 
 import pytest
@@ -25,10 +26,13 @@ def huge_pages(monkeypatch):
 
 @pytest.fixture
 def output_cache():
-    """An empty output cache with its default limit for the test, restored after it."""
+    """An empty output cache with its default limit for the test, restored after it. Tensors of earlier tests
+    (pytest runs every file in one process) are collected first; tests compare in_use_bytes with the value
+    the fixture yields."""
+    gc.collect()
     limit = moe_routing.output_cache_stats()["limit_bytes"]
     moe_routing.empty_cache()
-    yield
+    yield moe_routing.output_cache_stats()["in_use_bytes"]
     moe_routing.set_output_cache_limit(limit)
     moe_routing.empty_cache()
 
@@ -119,7 +123,7 @@ def test_an_output_from_the_cache_behaves_as_any_tensor(output_cache):
     assert torch.equal(expanded_x[: expected.shape[0]], expected)
     assert torch.equal(view, expected[3:5])  # the old storage lives on with its view
     del expanded_x, view
-    assert moe_routing.output_cache_stats()["in_use_bytes"] == 0
+    assert moe_routing.output_cache_stats()["in_use_bytes"] == output_cache
 
 
 def test_the_environment_sets_the_limit_and_zero_turns_the_cache_off(tmp_path):
@@ -236,3 +240,18 @@ def test_outputs_with_unfilled_slots_from_reused_buffers_equal_out_calls(output_
     call(out=outs if len(outs) > 1 else outs[0])
     for a, b in zip(fresh, outs):
         assert torch.equal(a, b), name
+
+
+def test_the_cache_factory_gives_fake_tensors_under_fake_mode_and_compiles(output_cache):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from moe_routing import _cache
+    real = _cache.empty((4 << 20,), torch.uint8, "cpu")
+    assert not isinstance(real, FakeTensor)
+    assert moe_routing.output_cache_stats()["in_use_bytes"] == output_cache + (4 << 20)
+    del real
+    with FakeTensorMode():
+        fake = _cache.empty((4 << 20,), torch.uint8, "cpu")
+    assert isinstance(fake, FakeTensor) and fake.shape == (4 << 20,)
+    assert moe_routing.output_cache_stats()["in_use_bytes"] == output_cache
+    fn = torch.compile(lambda x: _cache.empty((x.shape[0], 1024), torch.float32, "cpu").fill_(1).sum() + x.sum())
+    assert fn(torch.ones(2048)).item() == 2048 * 1024 + 2048

@@ -814,8 +814,13 @@ TORCH_LIBRARY(moe_routing, m) {
   m.def("_output_cache_stats() -> int[]", &output_cache_stats);
   m.def("_set_output_cache_limit(int bytes) -> ()", &set_output_cache_limit);
   m.def("_empty_output_cache() -> ()", &empty_output_cache);
-  m.def("_empty_from_output_cache(int[] shape, ScalarType dtype) -> Tensor",
-        &empty_from_output_cache);
+  // A factory: its kernel is CompositeExplicitAutograd (below), so that under fake tensors and
+  // torch.compile the fake kernel of _fake.py answers instead of real memory being allocated.
+  m.def("_empty_from_output_cache(int[] shape, ScalarType dtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(moe_routing, CompositeExplicitAutograd, m) {
+  m.impl("_empty_from_output_cache", &empty_from_output_cache);
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }
