@@ -129,19 +129,31 @@ struct Cache {
   }
 };
 
-Cache& cache() {
-  static Cache* const instance = [] {
-    Cache* c = new Cache;
+extern Cache* the_cache;
+
+Cache* create_cache() {
+  Cache* c = new Cache;
 #if defined(__linux__)
-    // A child forked while another thread held the lock would wait for it forever: every fork
-    // takes it first and both sides release it. The child inherits the idle buffers (its own
-    // copies of the mappings) and uses them as its own.
-    ::pthread_atfork([] { cache().mutex.lock(); }, [] { cache().mutex.unlock(); },
-                     [] { cache().mutex.unlock(); });
+  // A child forked while another thread held the lock would wait for it forever: every fork
+  // takes it first and both sides release it. The child inherits the idle buffers (its own
+  // copies of the mappings) and uses them as its own.
+  ::pthread_atfork([] { the_cache->mutex.lock(); }, [] { the_cache->mutex.unlock(); },
+                   [] { the_cache->mutex.unlock(); });
 #endif
-    return c;
-  }();
-  return *instance;
+  return c;
+}
+
+// Created while the library is loaded (static initialisation: one thread), not at the first use:
+// a function-local static's initialisation guard, held by a thread creating the cache while
+// another thread forked, left the child waiting for it forever (1 child in ~100 in
+// OutputCacheFork). Nothing runs acquire_output from a static initialiser, and a use before this
+// one would have created the cache itself (the_cache is zero before its dynamic initialisation),
+// still on the one thread of static initialisation.
+Cache* the_cache = the_cache != nullptr ? the_cache : create_cache();
+
+Cache& cache() {
+  if (the_cache == nullptr) the_cache = create_cache();
+  return *the_cache;
 }
 
 void unmap_all(const std::vector<Idle>& freed) {

@@ -12,8 +12,13 @@
 #include "core/output_cache.h"
 
 #if defined(__linux__)
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <chrono>
 #endif
 
 namespace moe_routing::detail {
@@ -187,6 +192,47 @@ TEST_F(OutputCache, CallersOnSeveralThreadsNeverShareABuffer) {
   EXPECT_EQ(output_cache_stats().in_use_bytes, 0);
   EXPECT_LE(output_cache_stats().idle_bytes, 64 * kMiB);
 }
+
+#if defined(__linux__)
+// Not an OutputCache.* test: those also run under ThreadSanitizer, which does not support forking a
+// process that has threads. A child forked while another thread held the cache's lock would wait
+// for it forever without the cache's fork handlers; here a thread keeps taking the lock while the
+// test forks, and every child must acquire, write and release a buffer and exit within seconds.
+TEST(OutputCacheFork, ChildrenOfAThreadedProcessCanUseTheCache) {
+  std::atomic<bool> stop{false};
+  std::thread busy([&stop] {
+    while (!stop.load()) release_output(acquire_output(2 * kMiB));
+  });
+  int hung = 0, failed = 0;
+  for (int child = 0; child < 20; ++child) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      void* p = acquire_output(2 * kMiB);
+      if (p == nullptr) ::_exit(2);
+      std::memset(p, 1, 2 * kMiB);
+      release_output(p);
+      ::_exit(0);
+    }
+    ASSERT_GT(pid, 0);
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        ++hung;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  stop.store(true);
+  busy.join();
+  EXPECT_EQ(hung, 0);
+  EXPECT_EQ(failed, 0);
+}
+#endif
 
 }  // namespace
 }  // namespace moe_routing::detail
