@@ -140,6 +140,12 @@ def test_the_environment_sets_the_limit_and_zero_turns_the_cache_off(tmp_path):
         env = dict(os.environ, MOE_ROUTING_OUTPUT_CACHE_MB=mib)
         out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
         assert tuple(int(v) for v in out.stdout.split()) == expected
+    # Not a whole number of MiB: a warning, and the default limit.
+    env = dict(os.environ, MOE_ROUTING_OUTPUT_CACHE_MB="16MB")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert 'MOE_ROUTING_OUTPUT_CACHE_MB must be a whole number of MiB >= 0, got "16MB"' in out.stderr
+    assert int(out.stdout.split()[0]) == moe_routing.output_cache_stats()["limit_bytes"] or \
+        os.environ.get("MOE_ROUTING_OUTPUT_CACHE_MB") is not None
 
 
 def poisoned(make):
