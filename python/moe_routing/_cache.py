@@ -6,8 +6,9 @@ every page on its first touch, which for a training-size ``expanded_x`` took lon
 kernel. CPU outputs of 1 MiB or more therefore come from a cache of buffers that freed outputs
 left in place (as PyTorch's CUDA caching allocator does on the GPU): the first call of a size pays
 for new pages (asked to be huge pages), later calls reuse them. Buffers nobody uses are kept up to
-a limit — ``MOE_ROUTING_OUTPUT_CACHE_MB`` (MiB; ``0`` turns the cache off) or by default 1/8 of
-the machine's physical memory — and given back to the OS oldest first beyond it. Values are never
+a limit per process — ``MOE_ROUTING_OUTPUT_CACHE_MB`` (MiB; ``0`` turns the cache off) or by default
+1/8 of the memory the process may use (physical memory, or the cgroup's limit) — and given back to the
+OS oldest first beyond it. Values are never
 affected: every output element is written by the operator. See docs/python.md.
 """
 from __future__ import annotations

@@ -227,6 +227,10 @@ int64_t output_cache_limit() {
   return c.limit_locked();
 }
 
+bool output_cache_serves(int64_t bytes) {
+  return bytes >= kOutputCacheMinBytes && output_cache_limit() > 0;
+}
+
 void set_output_cache_limit(int64_t bytes) {
   Cache& c = cache();
   std::vector<Idle> freed;

@@ -46,6 +46,11 @@ void release_output(void* data);
 /// cgroup's limit where lower). Read at the first use; set_output_cache_limit replaces it.
 int64_t output_cache_limit();
 
+/// Whether a front end takes an output of `bytes` bytes from the cache: at least
+/// kOutputCacheMinBytes, and the cache on (its limit above 0). The one rule the torch binding and
+/// the bench's functional calls follow.
+bool output_cache_serves(int64_t bytes);
+
 /// Sets the limit of idle bytes (>= 0), giving back what exceeds it now.
 void set_output_cache_limit(int64_t bytes);
 

@@ -138,6 +138,13 @@ TEST_F(OutputCache, LoweringTheLimitGivesBackAtOnceAndForeignPointersAreIgnored)
   EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
 }
 
+TEST_F(OutputCache, ServesOutputsFromItsMinimumWhileItIsOn) {
+  EXPECT_TRUE(output_cache_serves(kOutputCacheMinBytes));
+  EXPECT_FALSE(output_cache_serves(kOutputCacheMinBytes - 1));
+  set_output_cache_limit(0);
+  EXPECT_FALSE(output_cache_serves(64 * kMiB));
+}
+
 TEST_F(OutputCache, OversizedRequestsAreRefusedNotRoundedIntoAnIdleBuffer) {
   // Rounding such a size up to whole 2 MiB overflowed, and the negative size matched any idle
   // buffer: a 4 MiB buffer was handed out for 2^63 - 1 bytes (found by review, via resize_).

@@ -372,10 +372,9 @@ struct OutputBuffer {
 class FreshOutputs {
  public:
   FreshOutputs(const std::vector<OutputBuffer>& like, bool binding) {
-    const bool cache = binding && detail::output_cache_limit() > 0;
     for (const OutputBuffer& buffer : like) {
       const size_t bytes = buffer.size;
-      if (cache && int64_t(bytes) >= detail::kOutputCacheMinBytes) {
+      if (binding && detail::output_cache_serves(int64_t(bytes))) {
         uint8_t* data = static_cast<uint8_t*>(detail::acquire_output(int64_t(bytes)));
         if (data == nullptr) throw std::bad_alloc();
         buffers_.emplace_back(data, Free{true});

@@ -180,11 +180,11 @@ int64_t parallel_loop_threads(int64_t num_tasks) {
 
 /// The allocator of the large CPU outputs the operators return: buffers of the library's output
 /// cache (core/output_cache.h), given back to it when the tensor's storage dies. A storage that
-/// is resized (Tensor.resize_) gets its new memory here too; sizes below the cache's minimum, and
-/// memory the OS refused the cache, come from PyTorch's CPU allocator.
+/// is resized (Tensor.resize_) gets its new memory here too; sizes the cache does not serve
+/// (output_cache_serves), and memory the OS refused the cache, come from PyTorch's CPU allocator.
 struct OutputCacheAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    if (int64_t(n) >= moe_routing::detail::kOutputCacheMinBytes)
+    if (moe_routing::detail::output_cache_serves(int64_t(n)))
       if (void* data = moe_routing::detail::acquire_output(int64_t(n)))
         return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
     return c10::GetCPUAllocator()->allocate(n);
@@ -206,8 +206,7 @@ c10::Allocator& output_cache_allocator() {
 at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype) {
   int64_t bytes = int64_t(at::elementSize(dtype));
   for (const int64_t d : shape) bytes *= d;  // validated shapes: no overflow
-  if (bytes >= moe_routing::detail::kOutputCacheMinBytes &&
-      moe_routing::detail::output_cache_limit() > 0)
+  if (moe_routing::detail::output_cache_serves(bytes))
     return at::detail::empty_generic(shape, &output_cache_allocator(),
                                      c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
                                      std::nullopt);
