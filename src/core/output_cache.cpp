@@ -24,25 +24,37 @@ constexpr int64_t kBlock = int64_t(2) << 20;  // sizes are whole huge pages
 /// the memory (the binding's caller then gets PyTorch's allocator and its out-of-memory error).
 constexpr int64_t kMaxRequestBytes = int64_t(1) << 62;
 
-/// The memory this process may use: physical memory, or less where the cgroup (v2, else v1) caps
-/// it, as in a container.
-int64_t usable_memory() {
-  int64_t memory = 0;
-#if defined(__linux__)
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-  if (pages > 0 && page > 0) memory = int64_t(pages) * page;
-  for (const char* path :
-       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
-    if (std::FILE* f = std::fopen(path, "r")) {
+}  // namespace
+
+int64_t memory_under_cgroup_cap(int64_t physical, const char* const* cap_files, int count) {
+  int64_t memory = physical > 0 ? physical : 0;
+  for (int i = 0; i < count; ++i) {
+    if (std::FILE* f = std::fopen(cap_files[i], "r")) {
       long long cap = 0;
       const bool numeric = std::fscanf(f, "%lld", &cap) == 1;  // "max": no cap
       std::fclose(f);
       if (numeric && cap > 0 && (memory == 0 || cap < memory)) memory = cap;
-      break;
+      break;  // the first file that exists decides
     }
   }
-#endif
   return memory > 0 ? memory : int64_t(8) << 30;
+}
+
+namespace {
+
+/// The memory this process may use: physical memory, or less where the cgroup (v2, else v1) caps
+/// it, as in a container.
+int64_t usable_memory() {
+  int64_t physical = 0;
+#if defined(__linux__)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) physical = int64_t(pages) * page;
+  static const char* const kCapFiles[] = {"/sys/fs/cgroup/memory.max",
+                                          "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+  return memory_under_cgroup_cap(physical, kCapFiles, 2);
+#else
+  return memory_under_cgroup_cap(physical, nullptr, 0);
+#endif
 }
 
 int64_t default_limit() {

@@ -60,4 +60,10 @@ void empty_output_cache();
 
 OutputCacheStats output_cache_stats();
 
+/// The memory the default limit is 1/8 of: `physical` bytes, or the cap in the first of
+/// `cap_files` that exists where it holds a smaller positive number (cgroup v2's memory.max, then
+/// v1's memory.limit_in_bytes; "max" or v1's huge "no limit" value leave `physical`); 8 GiB when
+/// neither gives a size. Exposed for tests (the real files cannot be set from a test).
+int64_t memory_under_cgroup_cap(int64_t physical, const char* const* cap_files, int count);
+
 }  // namespace moe_routing::detail

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -205,6 +207,45 @@ TEST_F(OutputCache, CallersOnSeveralThreadsNeverShareABuffer) {
 // process that has threads. A child forked while another thread held the cache's lock would wait
 // for it forever without the cache's fork handlers; here a thread keeps taking the lock while the
 // test forks, and every child must acquire, write and release a buffer and exit within seconds.
+/// A file in the test's temporary directory holding `text`; its path.
+std::string write_temp_file(const char* name, const char* text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  EXPECT_NE(f, nullptr) << path;
+  if (f != nullptr) {
+    std::fputs(text, f);
+    std::fclose(f);
+  }
+  return path;
+}
+
+TEST(OutputCacheDefaultLimit, ACgroupCapBelowPhysicalMemoryIsTheMemoryTheLimitIsAnEighthOf) {
+  const int64_t physical = int64_t(64) << 30;
+  const std::string v2_cap = write_temp_file("memory.max.cap", "4294967296\n");
+  const std::string v2_none = write_temp_file("memory.max.none", "max\n");
+  const std::string v1_cap = write_temp_file("limit_in_bytes.cap", "2147483648\n");
+  const std::string v1_none = write_temp_file("limit_in_bytes.none", "9223372036854771712\n");
+  const std::string missing = ::testing::TempDir() + "no_such_cgroup_file";
+  auto memory = [&](std::vector<std::string> files) {
+    std::vector<const char*> paths;
+    for (const std::string& f : files) paths.push_back(f.c_str());
+    return memory_under_cgroup_cap(physical, paths.data(), int(paths.size()));
+  };
+  EXPECT_EQ(memory({v2_cap, v1_cap}), int64_t(4) << 30);  // v2 decides when it exists
+  EXPECT_EQ(memory({v2_none, v1_cap}), physical);         // "max": no cap (v1 not consulted)
+  EXPECT_EQ(memory({missing, v1_cap}), int64_t(2) << 30);  // no v2 file: v1's cap
+  EXPECT_EQ(memory({missing, v1_none}), physical);         // v1's "no limit" value
+  EXPECT_EQ(memory({missing, missing}), physical);
+  EXPECT_EQ(memory_under_cgroup_cap(0, nullptr, 0), int64_t(8) << 30);  // nothing known: 8 GiB
+  // A cap above physical memory does not raise it; one of 0 is no cap.
+  const std::string v2_huge = write_temp_file("memory.max.huge", "137438953472\n");
+  const std::string v2_zero = write_temp_file("memory.max.zero", "0\n");
+  EXPECT_EQ(memory({v2_huge}), physical);
+  EXPECT_EQ(memory({v2_zero}), physical);
+  for (const std::string& f : {v2_cap, v2_none, v1_cap, v1_none, v2_huge, v2_zero})
+    std::remove(f.c_str());
+}
+
 TEST(OutputCacheFork, ChildrenOfAThreadedProcessCanUseTheCache) {
   std::atomic<bool> stop{false};
   std::thread busy([&stop] {

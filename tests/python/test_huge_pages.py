@@ -261,3 +261,14 @@ def test_the_cache_factory_gives_fake_tensors_under_fake_mode_and_compiles(outpu
     assert moe_routing.output_cache_stats()["in_use_bytes"] == output_cache
     fn = torch.compile(lambda x: _cache.empty((x.shape[0], 1024), torch.float32, "cpu").fill_(1).sum() + x.sum())
     assert fn(torch.ones(2048)).item() == 2048 * 1024 + 2048
+
+
+def test_the_cache_factory_checks_its_shape_once_with_its_own_name(output_cache):
+    empty = torch.ops.moe_routing._empty_from_output_cache
+    with pytest.raises(ValueError, match=r"_empty_from_output_cache: shape entries must be >= 0, got \[4, -1\]"):
+        empty([4, -1], torch.float32)
+    with pytest.raises(ValueError, match=r"_empty_from_output_cache: the tensor must have at most 2\^62 bytes"):
+        empty([1 << 31, 1 << 31], torch.float32)  # 2^64 bytes
+    assert moe_routing.output_cache_stats()["in_use_bytes"] == output_cache  # nothing handed out
+    t = empty([1 << 30, 0], torch.float32)  # an empty tensor is not an overflow
+    assert t.shape == (1 << 30, 0)

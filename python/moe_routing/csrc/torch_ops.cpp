@@ -200,13 +200,26 @@ c10::Allocator& output_cache_allocator() {
   return *allocator;
 }
 
+/// The bytes of a tensor of `shape` and `dtype`, for an output whose shape is checked here
+/// (`op` names the caller in the errors): entries >= 0, at most 2^62 bytes.
+int64_t checked_output_bytes(at::IntArrayRef shape, at::ScalarType dtype, const char* op) {
+  int64_t bytes = int64_t(at::elementSize(dtype));
+  for (const int64_t d : shape) {
+    TORCH_CHECK_VALUE(d >= 0, op, ": shape entries must be >= 0, got ", shape);
+    TORCH_CHECK_VALUE(d == 0 || bytes <= (int64_t(1) << 62) / d, op,
+                      ": the tensor must have at most 2^62 bytes, got shape ", shape);
+    bytes *= d;
+  }
+  return bytes;
+}
+
 /// A new CPU tensor for an operator's output: of kOutputCacheMinBytes or more, from the output
 /// cache while it is on, else from PyTorch's allocator (huge pages asked for from 4 MiB up,
-/// before anything touches it).
-at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype) {
-  int64_t bytes = int64_t(at::elementSize(dtype));
-  for (const int64_t d : shape) bytes *= d;  // validated shapes: no overflow
-  if (moe_routing::detail::output_cache_serves(bytes))
+/// before anything touches it). The shape is checked as checked_output_bytes says (the
+/// operators' output shapes are validated before: there the checks hold, a few compares).
+at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype,
+                          const char* op = "new_cpu_output") {
+  if (moe_routing::detail::output_cache_serves(checked_output_bytes(shape, dtype, op)))
     return at::detail::empty_generic(shape, &output_cache_allocator(),
                                      c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
                                      std::nullopt);
@@ -218,15 +231,7 @@ at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype) {
 /// new_cpu_output for the Python package's own large CPU buffers (moe_routing.distributed's
 /// received rows): shape entries >= 0, at most 2^62 bytes.
 at::Tensor empty_from_output_cache(std::vector<int64_t> shape, at::ScalarType dtype) {
-  int64_t bytes = int64_t(at::elementSize(dtype));
-  for (const int64_t d : shape) {
-    TORCH_CHECK_VALUE(d >= 0, "_empty_from_output_cache: shape entries must be >= 0, got ", shape);
-    TORCH_CHECK_VALUE(
-        d == 0 || bytes <= (int64_t(1) << 62) / d,
-        "_empty_from_output_cache: the tensor must have at most 2^62 bytes, got shape ", shape);
-    bytes *= d;
-  }
-  return new_cpu_output(shape, dtype);
+  return new_cpu_output(shape, dtype, "_empty_from_output_cache");
 }
 
 /// What the output cache holds and has done: [limit, idle, in use] bytes, hits, misses, and the
