@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -231,8 +231,8 @@ TEST(OutputCacheDefaultLimit, ACgroupCapBelowPhysicalMemoryIsTheMemoryTheLimitIs
     for (const std::string& f : files) paths.push_back(f.c_str());
     return memory_under_cgroup_cap(physical, paths.data(), int(paths.size()));
   };
-  EXPECT_EQ(memory({v2_cap, v1_cap}), int64_t(4) << 30);  // v2 decides when it exists
-  EXPECT_EQ(memory({v2_none, v1_cap}), physical);         // "max": no cap (v1 not consulted)
+  EXPECT_EQ(memory({v2_cap, v1_cap}), int64_t(4) << 30);   // v2 decides when it exists
+  EXPECT_EQ(memory({v2_none, v1_cap}), physical);          // "max": no cap (v1 not consulted)
   EXPECT_EQ(memory({missing, v1_cap}), int64_t(2) << 30);  // no v2 file: v1's cap
   EXPECT_EQ(memory({missing, v1_none}), physical);         // v1's "no limit" value
   EXPECT_EQ(memory({missing, missing}), physical);
