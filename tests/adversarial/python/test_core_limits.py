@@ -35,3 +35,19 @@ def test_empty_outputs_return_at_once(capacity):
     assert expanded_x.shape == (1, capacity, 0) and expanded_row_idx.shape == (0,)
     assert counts.shape == (1,) and before_capacity.shape == (1,)
     assert elapsed < 1.0, f"{elapsed:.2f} s for empty outputs"
+
+
+@pytest.mark.parametrize("experts, capacity, message", [
+    (2 ** 62, 0, r"expert_num must be at most 2147483647 \(int32 expert ids\) when drop_pad_mode=1, got "
+                 r"4611686018427387904"),
+    (0, 2 ** 62, r"grad_expanded_x would have more than 2\^63 - 1 bytes per expert \(expert_capacity \* H\), "
+                 r"got 4611686018427387904 \* 4")])
+def test_combine_grad_drop_pad_shape_no_tensor_can_have(experts, capacity, message):
+    # E*C = 0 fits int32, but [E, C, H] is no tensor's shape: the core accepted it and the binding
+    # failed allocating it (ValueError "new_cpu_output: ...", RuntimeError "Stride calculation
+    # overflowed"); now the core's message (tests/adversarial/cpp/test_int32_limits.cpp).
+    grad_y = torch.zeros(2, 4)
+    idx = torch.full((2,), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="moe_finalize_routing_grad: " + message):
+        moe_routing.moe_finalize_routing_grad(grad_y, idx, drop_pad_mode=1, expert_num=experts,
+                                              expert_capacity=capacity)
