@@ -125,8 +125,8 @@ Status infer_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in,
     // binding allocates it; PyTorch computes its strides, which overflowed).
     if (E > kInt32Max)
       return invalid_argument(
-          kOp, "expert_num must be at most 2147483647 (int32 expert ids) when drop_pad_mode=1, got ",
-          E);
+          kOp,
+          "expert_num must be at most 2147483647 (int32 expert ids) when drop_pad_mode=1, got ", E);
     if (H > 0 && C > std::numeric_limits<int64_t>::max() / H / int64_t(dtype_size(gy.dtype)))
       return invalid_argument(kOp,
                               "grad_expanded_x would have more than 2^63 - 1 bytes per expert "
