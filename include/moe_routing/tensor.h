@@ -107,10 +107,12 @@ struct ExecConfig {
   /// CUDA tensors only: the cudaStream_t (as void*) the work is queued on; null = the default
   /// stream. Ignored for CPU tensors and in builds without CUDA.
   void* stream = nullptr;
-  /// CPU kernels of the forward operators only: caller-owned scratch memory of workspace_bytes
-  /// bytes (any alignment), at least what moe_init_routing(_v2)_workspace_size reports for the
-  /// same num_threads; the call then allocates nothing. Null (the default): the library
-  /// allocates the scratch itself. The backward needs none; the reference backend ignores it.
+  /// CPU kernels of moe_init_routing(_v2) and moe_finalize_routing_grad: caller-owned scratch
+  /// memory of workspace_bytes bytes (any alignment), at least what
+  /// moe_init_routing(_v2)_workspace_size or moe_finalize_routing_grad_workspace_size reports
+  /// for the same num_threads; the call then allocates nothing. Null (the default): the library
+  /// allocates the scratch itself. moe_init_routing_grad and moe_finalize_routing need none; the
+  /// reference backend ignores it.
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
 };

@@ -209,7 +209,9 @@ def _finalize_backward(ctx, grad_y):
         special = torch.zeros_like(expert_idx, dtype=torch.bool)
         for start, end in ctx.special_ranges:
             special |= (expert_idx >= start) & (expert_idx < end)
-        index = torch.where(special.view(-1), -1, index).to(torch.int32)
+        # reshape, not view: special has expert_idx's strides, which need not be row-major (a
+        # transposed expert_idx is a valid input); the pairs are its elements in logical order.
+        index = torch.where(special.reshape(-1), -1, index).to(torch.int32)
     if ctx.drop_pad_mode in (1, 3):
         mode, active_num, experts, capacity = 1, 0, expanded_x.shape[0], expanded_x.shape[1]
     else:

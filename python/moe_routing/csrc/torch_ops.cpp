@@ -203,10 +203,15 @@ c10::Allocator& output_cache_allocator() {
 /// The bytes of a tensor of `shape` and `dtype`, for an output whose shape is checked here
 /// (`op` names the caller in the errors): entries >= 0, at most 2^62 bytes.
 int64_t checked_output_bytes(at::IntArrayRef shape, at::ScalarType dtype, const char* op) {
+  for (const int64_t d : shape)
+    TORCH_CHECK_VALUE(d >= 0, op, ": shape entries must be >= 0, got ", shape);
+  // An empty tensor has no bytes whatever its other extents ([2^40, 0, 4] is a valid output; the
+  // running product used to overflow before it reached the zero).
+  for (const int64_t d : shape)
+    if (d == 0) return 0;
   int64_t bytes = int64_t(at::elementSize(dtype));
   for (const int64_t d : shape) {
-    TORCH_CHECK_VALUE(d >= 0, op, ": shape entries must be >= 0, got ", shape);
-    TORCH_CHECK_VALUE(d == 0 || bytes <= (int64_t(1) << 62) / d, op,
+    TORCH_CHECK_VALUE(bytes <= (int64_t(1) << 62) / d, op,
                       ": the tensor must have at most 2^62 bytes, got shape ", shape);
     bytes *= d;
   }

@@ -120,6 +120,14 @@ Status infer_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in,
   // The rows of grad_expanded_x.
   if (p.drop_pad) {
     const int64_t E = attrs.expert_num, C = attrs.expert_capacity;
+    // One expert's slots must be addressable even when E = 0 leaves the output empty: [0, C, H]
+    // is still a tensor's shape, whose strides (C*H elements) must fit int64 (PyTorch computes
+    // them when the binding allocates it).
+    if (H > 0 && C > std::numeric_limits<int64_t>::max() / H / int64_t(dtype_size(gy.dtype)))
+      return invalid_argument(kOp,
+                              "grad_expanded_x would have more than 2^63 - 1 bytes per expert "
+                              "(expert_capacity * H), got ",
+                              C, " * ", H);
     if (C != 0 && E > kInt32Max / C)
       return invalid_argument(kOp,
                               "expert_num * expert_capacity must be at most 2147483647 "

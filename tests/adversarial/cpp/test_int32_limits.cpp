@@ -219,5 +219,44 @@ TEST(AdversarialInt32Limits, PairCountMustFitInt32) {
             "indices), got 2147483648");
 }
 
+// The combine's backward in drop-pad: grad_expanded_x is [expert_num, expert_capacity, H]. With
+// E = 0 it is empty and E*C fits int32, yet a C*H beyond int64 was accepted: a shape no tensor
+// can have (its strides overflow; the torch binding failed allocating it with PyTorch's "Stride
+// calculation overflowed", and the CLI wrote an .npy NumPy cannot load). Refused by shape
+// inference, so by the C++ API, both C-ABI phases, the CLI and the binding alike.
+TEST(AdversarialInt32Limits, CombineGradDropPadSlotsOfOneExpertMustFitInt64) {
+  Tensor grad_y(DType::float32, {2, 4});
+  Tensor idx = Tensor::int32s({2}, {-1, -1});
+  MoeFinalizeRoutingGradInputs in;
+  in.grad_y = grad_y.view();
+  in.expanded_row_idx = idx.view();
+  MoeFinalizeRoutingGradAttrs attrs;
+  attrs.drop_pad_mode = 1;
+  attrs.expert_capacity = int64_t(1) << 61;
+  const std::string expected =
+      "moe_finalize_routing_grad: grad_expanded_x would have more than 2^63 - 1 bytes per expert "
+      "(expert_capacity * H), got 2305843009213693952 * 4";
+  MoeFinalizeRoutingGradPlan plan;
+  Status s = infer_moe_finalize_routing_grad(in, attrs, &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_EQ(s.message(), expected);
+  const TensorHandle gy = tensor_handle(grad_y.view().data, MR_FLOAT32, grad_y.shape);
+  const TensorHandle row_idx = tensor_handle(idx.view().data, MR_INT32, idx.shape);
+  mrTensorDesc descs[3];
+  EXPECT_EQ(mrMoeFinalizeRoutingV2GradInferShape(gy.get(), row_idx.get(), nullptr, nullptr, nullptr,
+                                                 nullptr, 1, 0, 0, attrs.expert_capacity, &descs[0],
+                                                 &descs[1], &descs[2]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(mrGetLastErrorMessage(), expected);
+  // At the bound: C*H of exactly int64's bytes; and many experts of no slots are fine.
+  attrs.expert_capacity = INT64_MAX / 4 / 4;
+  s = infer_moe_finalize_routing_grad(in, attrs, &plan);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  attrs.expert_num = int64_t(1) << 62;
+  attrs.expert_capacity = 0;
+  s = infer_moe_finalize_routing_grad(in, attrs, &plan);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+}
+
 }  // namespace
 }  // namespace moe_routing::testing

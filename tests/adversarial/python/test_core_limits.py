@@ -35,3 +35,25 @@ def test_empty_outputs_return_at_once(capacity):
     assert expanded_x.shape == (1, capacity, 0) and expanded_row_idx.shape == (0,)
     assert counts.shape == (1,) and before_capacity.shape == (1,)
     assert elapsed < 1.0, f"{elapsed:.2f} s for empty outputs"
+
+
+def test_combine_grad_drop_pad_shapes_with_a_zero_extent():
+    # E*C = 0 fits int32 and the output is empty. [0, 2^62, 4] is no tensor's shape (its strides
+    # overflow): the core accepted it and PyTorch failed allocating it (RuntimeError "Stride
+    # calculation overflowed"); now the core refuses it (tests/adversarial/cpp/test_int32_limits.cpp).
+    # [2^62, 0, 4] is an empty tensor like any other: the binding's byte count overflowed before it
+    # reached the zero and refused it ("new_cpu_output: ... at most 2^62 bytes").
+    grad_y = torch.zeros(2, 4)
+    idx = torch.full((2,), -1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"moe_finalize_routing_grad: grad_expanded_x would have more than "
+                                         r"2\^63 - 1 bytes per expert \(expert_capacity \* H\), got "
+                                         r"4611686018427387904 \* 4"):
+        moe_routing.moe_finalize_routing_grad(grad_y, idx, drop_pad_mode=1, expert_num=0, expert_capacity=2 ** 62)
+    grad_expanded_x, grad_scales = moe_routing.moe_finalize_routing_grad(grad_y, idx, drop_pad_mode=1,
+                                                                         expert_num=2 ** 62, expert_capacity=0)
+    assert grad_expanded_x.shape == (2 ** 62, 0, 4) and grad_scales.shape == (0,)
+    # So the backward of a drop-pad forward with such an empty expanded_x works as its forward does.
+    expanded_x = torch.zeros(2 ** 62, 0, 4).requires_grad_()
+    out = moe_routing.moe_finalize_routing(expanded_x, idx, drop_pad_mode=3)
+    out.backward(torch.ones_like(out))
+    assert torch.equal(out, torch.zeros(2, 4)) and expanded_x.grad.shape == (2 ** 62, 0, 4)

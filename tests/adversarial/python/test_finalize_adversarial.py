@@ -187,3 +187,22 @@ def test_bad_index_writes_nothing_into_out():
     with pytest.raises(IndexError, match=r"moe_finalize_routing_grad: expanded_row_idx\[5\] = 8 is outside"):
         grad_call(case, out=outs)
     assert outs[0].eq(3.0).all() and outs[1].eq(3.0).all()
+
+
+# ---- autograd with inputs of any layout ----------------------------------------------------------------
+
+def test_backward_with_a_transposed_expert_idx_and_a_special_range():
+    # Regression: the backward marked the special experts' pairs with special.view(-1), and
+    # special took expert_idx's strides: a transposed (non-contiguous) expert_idx, which the
+    # forward accepts, made the backward raise "view size is not compatible".
+    case = combine_case()
+    transposed = case["expert_idx"].t().contiguous().t()
+    assert not transposed.is_contiguous()
+    grads = []
+    for experts in (case["expert_idx"], transposed):
+        leaves = {name: case[name].clone().requires_grad_() for name in ("expanded_x", "scales", "bias")}
+        out = forward(dict(case, **leaves, expert_idx=experts), zero_expert_range=[1, 2])
+        out.backward(torch.ones_like(out))
+        grads.append([leaves[name].grad for name in ("expanded_x", "scales", "bias")])
+    for want, got in zip(*grads):
+        assert torch.equal(want, got)
