@@ -224,6 +224,10 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     out["scales_shape"] = _expect_error(lambda: ep.combine(recv_x, handle, scales=scales if rank else scales[:, :1]))
     # Rank 0 dispatches while the others combine: both exchanges are the same fixed message.
     out["operation"] = _expect_error(lambda: ep.dispatch(x, idx, e) if rank == 0 else ep.combine(recv_x, handle))
+    # Two dispatches of the same shapes, the last rank combining the other one: the split sizes
+    # disagree (gloo once aborted the process) or, with equal counts, rows go to the wrong tokens.
+    other_x, _, other = ep.dispatch(x, idx.flip(0), e)
+    out["handle"] = _expect_error(lambda: ep.combine(*((other_x, other) if rank == last else (recv_x, handle))))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out

@@ -119,6 +119,8 @@ MISMATCHES = {
     "scales_presence": "whether scales is given, and its dtype must be the same on every rank",
     "scales_shape": "scales must be float32 [N, K]",
     "operation": "every rank must call the same operation at the same time",
+    "handle": "the dispatch the handle comes from (the group's dispatches, counted from 1) must be the same on "
+              "every rank",
 }
 
 

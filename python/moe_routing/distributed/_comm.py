@@ -47,6 +47,12 @@ class Comm:
         other.op = op
         return other
 
+    def name(self) -> str:
+        """The group's name, the same on every rank of it ("" for a world of one)."""
+        if self.local:
+            return ""
+        return (self.group if self.group is not None else dist.group.WORLD).group_name
+
     def meta_device(self) -> torch.device:
         """Where small integer tensors for collectives live: CUDA for NCCL-only groups, else CPU."""
         if self.local:

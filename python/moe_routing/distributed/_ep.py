@@ -78,8 +78,15 @@ _AGREED_FIELDS = {
                 (14, "expert_out.requires_grad", lambda v: str(bool(v))),
                 (15, "scales.requires_grad", lambda v: str(bool(v))),
                 (16, "bias.requires_grad", lambda v: str(bool(v))),
-                (17, "whether the output requires grad", lambda v: str(bool(v)))],
+                (17, "whether the output requires grad", lambda v: str(bool(v))),
+                (18, "the dispatch the handle comes from (the group's dispatches, counted from 1)", str)],
 }
+
+# Dispatches so far per group name, on this process: every rank of a group makes the same calls in
+# the same order, so a handle's number is the same on every rank exactly when they all pass the
+# handle of the same dispatch to combine. Handles of different dispatches make the ranks' split
+# sizes disagree (gloo aborts the process) or, with equal counts, route rows wrongly.
+_DISPATCHES: dict = {}
 
 
 class DispatchHandle:
@@ -130,6 +137,7 @@ class DispatchHandle:
         self.owner_pair_index: torch.Tensor
         self.owner_pair_experts: torch.Tensor
         self.recv_shape: Tuple[int, ...] = ()
+        self.serial = 0  # which of its group's dispatches made it (compared by combine)
 
     @property
     def kept_rows_count(self) -> int:
@@ -298,6 +306,7 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     handle = _plan(comm, x, expert_idx, routing, everything[:, :experts], everything[:, experts:], capacity,
                    numerics)
     handle.tokens_per_rank = table[:, _F_TOKENS].tolist()
+    handle.serial = _DISPATCHES[comm.name()] = _DISPATCHES.get(comm.name(), 0) + 1
     recv_x = _Dispatch.apply(x, _exchange_tokens(comm, x, expert_idx, handle), handle)
     return recv_x, handle.tokens_per_local_expert, handle
 
@@ -586,7 +595,7 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
                   10: -1 if handle.expert_capacity is None else handle.expert_capacity,
                   11: _NUMERICS_CODES[numerics], 12: 0 if scales is None else _DTYPE_CODES[scales.dtype],
                   13: int(bias is not None), 14: int(needs[0]), 15: int(needs[1]), 16: int(needs[2]),
-                  17: int(out_needs_grad)}
+                  17: int(out_needs_grad), 18: handle.serial}
     _exchange("combine", comm, fields, error, handle.num_tokens if ok else 0, None)
     return _Combine.apply(expert_out, scales, x1, x2, bias, handle, comm, numerics, needs)
 
