@@ -121,6 +121,8 @@ MISMATCHES = {
     "operation": "every rank must call the same operation at the same time",
     "handle": "the dispatch the handle comes from (the group's dispatches, counted from 1) must be the same on "
               "every rank",
+    "replicate_rows": "replicate_rows: rows must have the same dtype and sizes after the first dimension on every "
+                      "rank, got float32 [*, 8] (",
 }
 
 

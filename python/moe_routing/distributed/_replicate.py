@@ -10,11 +10,18 @@ rank, at the price of the non-expert computation repeated on every rank.
 """
 from __future__ import annotations
 
+import math
 from typing import List
 
 import torch
 
+from .._port import dtype_name
 from ._comm import Comm
+from ._ep import _by_rank
+
+# Every dtype, numbered the same way in every process (of one PyTorch version) for the exchange.
+_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+_SHOWN_DIMS = 8
 
 
 class RowLayout:
@@ -72,10 +79,35 @@ def replicate_rows(rows: torch.Tensor, *, group=None):
     if comm.local:
         layout = RowLayout(comm, [rows.shape[0]])
     else:
-        size = torch.tensor([rows.shape[0]], dtype=torch.int64, device=comm.meta_device())
-        counts = comm.all_gather_fixed(size, "row counts all-gather").view(-1).tolist()
-        layout = RowLayout(comm, counts)
+        # With the count, the rows' dtype and sizes after the first dimension: ranks whose rows
+        # differ there would exchange rows of different byte widths (gloo aborts the process), so
+        # every rank checks them and raises the same ValueError.
+        message = torch.tensor([rows.shape[0]] + _row_kind(rows), dtype=torch.int64, device=comm.meta_device())
+        table = comm.all_gather_fixed(message, "row counts all-gather").cpu()
+        kinds = [tuple(row) for row in table[:, 1:].tolist()]
+        distinct = list(dict.fromkeys(kinds))
+        if len(distinct) > 1:
+            raise ValueError(f"moe_routing.distributed.replicate_rows: rows must have the same dtype and sizes "
+                             f"after the first dimension on every rank, got "
+                             f"{_by_rank([distinct.index(k) for k in kinds], lambda i: _show_kind(distinct[i]))}")
+        layout = RowLayout(comm, table[:, 0].tolist())
     return _Replicate.apply(rows, layout), layout
+
+
+def _row_kind(rows: torch.Tensor) -> List[int]:
+    """[dtype number, dimensions, elements per row, the first sizes after the first dimension (-1
+    padded)]: equal on two ranks when their rows have the same dtype and shape (the product
+    covers sizes past the shown ones up to their order)."""
+    trailing = list(rows.shape[1:])
+    return [_DTYPES.index(rows.dtype), rows.dim(), math.prod(trailing)] + (trailing + [-1] * _SHOWN_DIMS)[:_SHOWN_DIMS]
+
+
+def _show_kind(kind) -> str:
+    dtype, dims, per_row, *sizes = kind
+    shown = ", ".join(["*"] + [str(size) for size in sizes[:max(dims - 1, 0)]])
+    if dims - 1 > _SHOWN_DIMS:
+        shown += f", ... ({dims}-D, {per_row} elements a row)"
+    return f"{dtype_name(_DTYPES[dtype])} [{shown}]"
 
 
 def local_rows(all_rows: torch.Tensor, layout: RowLayout) -> torch.Tensor:
