@@ -44,6 +44,9 @@ def _bitwise_specs(world: int):
         case("capacity_everything", tokens, dtype=torch.bfloat16, capacity=sum(tokens)),
         # More experts than the first counts message holds (the continuation messages).
         case("many_experts", tokens, experts=448, top_k=3, capacity=2),
+        # Gradients with create_graph=True (a PyTorch error on the staging copies once).
+        case("create_graph", tokens, create_graph=True),
+        case("create_graph_capacity", tokens, dtype=torch.bfloat16, capacity=2, create_graph=True),
     ]
     if world > 1:
         local = specs[0]["experts"] // world
@@ -87,7 +90,8 @@ def _cases(part: str):
     return [(world, spec["name"]) for world in TOKENS for spec in _plan(world).get(part, [])]
 
 
-@pytest.mark.parametrize("world,name", _cases("bitwise") + [(w, "all_to_all") for w in TOKENS])
+@pytest.mark.parametrize("world,name", _cases("bitwise") + [(w, name) for w in TOKENS
+                                                             for name in ("all_to_all", "second_derivatives")])
 def test_dispatch_combine_bitwise(world, name):
     """recv_x (the single-device expanded_x rows of this rank's experts), tokens_per_local_expert,
     y and the gradients of x, scales, x1, x2, bias (the whole, global one) and the experts'

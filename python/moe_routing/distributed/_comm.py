@@ -166,16 +166,17 @@ class _AllToAll(torch.autograd.Function):
     way they came (rows move, nothing is summed, so gradients keep every bit)."""
 
     @staticmethod
-    def forward(ctx, rows, output_splits, input_splits, comm):
+    def forward(ctx, rows, output_splits, input_splits, comm, step="all_to_all"):
         ctx.splits = (list(output_splits), list(input_splits))
         ctx.comm = comm
-        return comm.all_to_all_rows(rows, output_splits, input_splits, "all_to_all")
+        return comm.all_to_all_rows(rows, output_splits, input_splits, step)
 
     @staticmethod
     def backward(ctx, grad):
+        # The reverse exchange, itself differentiable (create_graph=True, second derivatives).
         output_splits, input_splits = ctx.splits
-        return ctx.comm.all_to_all_rows(grad.contiguous(), input_splits, output_splits, "all_to_all backward"), \
-            None, None, None
+        return _AllToAll.apply(grad, input_splits, output_splits, ctx.comm, "all_to_all backward"), \
+            None, None, None, None
 
 
 def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], *,

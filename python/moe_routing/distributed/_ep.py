@@ -494,23 +494,54 @@ class _Dispatch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        h: DispatchHandle = ctx.handle
         if not ctx.needs_input_grad[0]:
             return None, None, None
+        return _DispatchGrad.apply(grad, ctx.handle), None, None
+
+
+class _DispatchGrad(torch.autograd.Function):
+    """The dispatch's backward as a function of its own, whose backward is the dispatch's forward
+    again (rows only move): create_graph=True and second derivatives through dispatch work, as
+    through the single-device moe_init_routing."""
+
+    @staticmethod
+    def forward(ctx, grad, h: DispatchHandle):
+        ctx.handle = h
         grad = grad.contiguous().view(-1, h.hidden)
         send = torch.index_select(grad, 0, h.owner_index,
                                   out=staging(0, (h.received_rows, h.hidden), grad.dtype, grad.device))
         rows = h.comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange backward (all_to_all)",
                                       out=staging(1, (h.kept_rows_count, h.hidden), grad.dtype, grad.device))
         if h.expert_capacity is None:
-            grad_x = _init_routing_grad(rows, h.local_index, h.top_k, 0, 0, numerics=h.numerics)
-        else:
-            # The single-device drop-pad backward (mode 1, -1 skipped) on the rows this rank kept,
-            # viewed as one expert of capacity R (a scratch row when none was kept).
-            kept = rows.shape[0]
-            block = rows.view(1, kept, h.hidden) if kept else rows.new_zeros((1, 1, h.hidden))
-            grad_x = _init_routing_grad(block, h.local_index, h.top_k, 1, 0, numerics=h.numerics)
-        return grad_x, None, None
+            return _init_routing_grad(rows, h.local_index, h.top_k, 0, 0, numerics=h.numerics)
+        # The single-device drop-pad backward (mode 1, -1 skipped) on the rows this rank kept,
+        # viewed as one expert of capacity R (a scratch row when none was kept).
+        kept = rows.shape[0]
+        block = rows.view(1, kept, h.hidden) if kept else rows.new_zeros((1, 1, h.hidden))
+        return _init_routing_grad(block, h.local_index, h.top_k, 1, 0, numerics=h.numerics)
+
+    @staticmethod
+    def backward(ctx, grad_grad):
+        h: DispatchHandle = ctx.handle
+        step = "token rows exchange, second derivative (all_to_all)"
+        received, work = _send_token_rows(h.comm, grad_grad, h, step, spare_row=True)
+        h.comm.wait(step, work)
+        return _Dispatch.apply(grad_grad, received, h), None
+
+
+def _send_token_rows(comm: Comm, rows: torch.Tensor, h: DispatchHandle, step: str, *, spare_row: bool = False):
+    """rows [N, H] (this rank's tokens): each needed token's row once to each rank owning one of
+    its experts, asynchronously. Returns (received [received tokens (+1 zero row with spare_row),
+    H], a staging buffer; the work to wait for)."""
+    dtype, device = rows.dtype, rows.device
+    send = torch.index_select(rows, 0, h.sent_tokens,
+                              out=staging(0, (h.sent_tokens.numel(), h.hidden), dtype, device))
+    received = staging(1, (h.received_tokens + int(spare_row), h.hidden), dtype, device)
+    if spare_row:
+        received[h.received_tokens].zero_()
+    _, work = comm.all_to_all_rows(send, h.token_recv_splits, h.token_send_splits, step, async_op=True,
+                                   out=received[:h.received_tokens])
+    return received, work
 
 
 # ---- combine ----------------------------------------------------------------------------------------
@@ -617,37 +648,43 @@ class _Combine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        h: DispatchHandle = ctx.handle
-        comm: Comm = ctx.comm
         expert_out, scales, bias = ctx.saved_tensors
-        need_rows, need_scales, need_bias = ctx.needs
         grads = [None] * 9
         grad_y = grad_y.contiguous()
         if ctx.needs_input_grad[2]:
             grads[2] = grad_y
         if ctx.needs_input_grad[3]:
             grads[3] = grad_y
-        if not (need_rows or need_scales or need_bias):
-            return tuple(grads)
+        if any(ctx.needs):
+            grads[0], grads[1], grads[4] = _CombineGrad.apply(grad_y, expert_out, scales, bias, ctx.handle, ctx.comm,
+                                                              ctx.numerics, ctx.needs)
+        return tuple(grads)
+
+
+class _CombineGrad(torch.autograd.Function):
+    """The combine's backward (expert_out's, scales' and bias' gradients) as a function of its own
+    whose backward raises, as the single-device moe_finalize_routing_grad's: create_graph=True gets
+    the gradients, a second derivative a clear error (not one missing the saved tensors' terms)."""
+
+    @staticmethod
+    def forward(ctx, grad_y, expert_out, scales, bias, h: DispatchHandle, comm: Comm, numerics: str, needs):
+        need_rows, need_scales, need_bias = needs
         # Each token's grad_y row (and its K scales) once to each rank owning one of its experts.
-        dtype, device = grad_y.dtype, grad_y.device
-        sent = h.sent_tokens.numel()
-        token_rows = torch.index_select(grad_y, 0, h.sent_tokens, out=staging(0, (sent, h.hidden), dtype, device))
-        token_rows, rows_work = comm.all_to_all_rows(
-            token_rows, h.token_recv_splits, h.token_send_splits, "gradient rows exchange (all_to_all)",
-            async_op=True, out=staging(1, (h.received_tokens, h.hidden), dtype, device))
+        step = "gradient rows exchange (all_to_all)"
+        token_rows, rows_work = _send_token_rows(comm, grad_y, h, step)
         token_scales = None
         if scales is not None:
             token_scales, scales_work = comm.all_to_all_rows(
                 scales.index_select(0, h.sent_tokens), h.token_recv_splits, h.token_send_splits,
                 "scales exchange (all_to_all)", async_op=True)
             comm.wait("scales exchange (all_to_all)", scales_work)
-        comm.wait("gradient rows exchange (all_to_all)", rows_work)
+        comm.wait(step, rows_work)
         local_bias = None
         if bias is not None and (need_bias or need_scales):
             local_bias = bias[h.first_expert:h.first_expert + h.local_experts].contiguous()
         grad_rows, grad_token_scales, grad_local_bias = _owner_grad(
-            h, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias, ctx.numerics)
+            h, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias, numerics)
+        grads = [None] * 3
         if need_rows:
             grads[0] = grad_rows.view(expert_out.shape)
         if need_scales:
@@ -657,9 +694,14 @@ class _Combine(torch.autograd.Function):
             grad_scales[h.kept_pairs] = back.view(-1)[h.scales_back]
             grads[1] = grad_scales.view(h.num_tokens, h.top_k)
         if need_bias:
-            grads[4] = comm.all_gather_rows(grad_local_bias, [h.local_experts] * comm.world,
+            grads[2] = comm.all_gather_rows(grad_local_bias, [h.local_experts] * comm.world,
                                             "grad_bias exchange (all_gather)")
         return tuple(grads)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("moe_routing.distributed.combine: backward is not implemented (a second derivative "
+                                  "of combine); differentiate it once, or detach its gradients")
 
 
 def _owner_grad(h: DispatchHandle, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias,

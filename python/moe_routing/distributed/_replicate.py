@@ -37,16 +37,17 @@ class RowLayout:
 
 class _Replicate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, layout: RowLayout):
+    def forward(ctx, rows, layout: RowLayout, step: str = "rows all-gather"):
         ctx.layout = layout
-        return layout.comm.all_gather_rows(rows, layout.counts, "rows all-gather")
+        return layout.comm.all_gather_rows(rows, layout.counts, step)
 
     @staticmethod
     def backward(ctx, grad):
         # Every rank computed the same function of the same replicated tensor, so every rank holds
-        # the whole (identical) gradient: this rank's rows of it are its input's gradient.
-        layout = ctx.layout
-        return grad[layout.start:layout.stop], None
+        # the whole (identical) gradient: this rank's rows of it are its input's gradient. Taken
+        # with _Local, whose backward all-gathers, so that a second derivative (create_graph=True)
+        # is also that of the replicated computation.
+        return _Local.apply(grad, ctx.layout), None, None
 
 
 class _Local(torch.autograd.Function):
@@ -58,9 +59,8 @@ class _Local(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # Each rank has the gradient of its own rows: all-gathered, every rank holds the gradient
-        # of the replicated tensor, as a single process would.
-        layout = ctx.layout
-        return layout.comm.all_gather_rows(grad.contiguous(), layout.counts, "gradient rows all-gather"), None
+        # of the replicated tensor, as a single process would (differentiable, as above).
+        return _Replicate.apply(grad, ctx.layout, "gradient rows all-gather"), None
 
 
 def replicate_rows(rows: torch.Tensor, *, group=None):
