@@ -265,8 +265,12 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     # disagree (gloo once aborted the process) or, with equal counts, rows go to the wrong tokens.
     other_x, _, other = ep.dispatch(x, idx.flip(0), e)
     out["handle"] = _expect_error(lambda: ep.combine(*((other_x, other) if rank == last else (recv_x, handle))))
-    # A rank with no tokens passing a 1-D empty tensor: rows of another width (gloo once aborted).
+    # A rank with no tokens passing a 1-D empty tensor, rows of another dtype, or a rank calling
+    # dispatch meanwhile: rows of another width, messages of another length (gloo once aborted).
     out["replicate_rows"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else torch.empty(0)))
+    out["replicate_rows_dtype"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else x.half()))
+    out["replicate_rows_operation"] = _expect_error(
+        lambda: ep.replicate_rows(x) if rank == 0 else ep.dispatch(x, idx, e))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out

@@ -125,8 +125,10 @@ MISMATCHES = {
     "operation": "every rank must call the same operation at the same time",
     "handle": "the dispatch the handle comes from (the group's dispatches, counted from 1) must be the same on "
               "every rank",
-    "replicate_rows": "replicate_rows: rows must have the same dtype and sizes after the first dimension on every "
-                      "rank, got float32 [*, 8] (",
+    "replicate_rows": "replicate_rows: rows.dim() must be the same on every rank, got 2 (rank",
+    "replicate_rows_dtype": "replicate_rows: the dtype of rows must be the same on every rank, got float32 (rank",
+    "replicate_rows_operation": "every rank must call the same operation at the same time, got replicate_rows "
+                                "(rank 0), dispatch (rank",
 }
 
 

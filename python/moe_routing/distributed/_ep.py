@@ -59,7 +59,10 @@ _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
-_OP_CODES = {"dispatch": 1, "combine": 2}
+_OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3}
+# Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
+_ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+_ROW_SIZES = 8  # replicate_rows: the sizes after the first compared one by one (beyond: their product)
 
 # Header fields: (position, name used in the disagreement message, how to print a value).
 _F_MAGIC, _F_OP, _F_WORLD, _F_HAS_ERROR, _F_TEXT_BYTES, _F_TOKENS = 0, 1, 2, 3, 4, 5
@@ -80,6 +83,10 @@ _AGREED_FIELDS = {
                 (16, "bias.requires_grad", lambda v: str(bool(v))),
                 (17, "whether the output requires grad", lambda v: str(bool(v))),
                 (18, "the dispatch the handle comes from (the group's dispatches, counted from 1)", str)],
+    "replicate_rows": [(6, "rows.dim()", str)]
+    + [(7 + i, f"rows.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
+    + [(7 + _ROW_SIZES, "the number of elements of a row", str),
+       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))],
 }
 
 # Dispatches so far per group name, on this process: every rank of a group makes the same calls in

@@ -15,13 +15,8 @@ from typing import List
 
 import torch
 
-from .._port import dtype_name
 from ._comm import Comm
-from ._ep import _by_rank
-
-# Every dtype, numbered the same way in every process (of one PyTorch version) for the exchange.
-_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
-_SHOWN_DIMS = 8
+from ._ep import _ALL_DTYPES, _F_TOKENS, _ROW_SIZES, _describe, _exchange
 
 
 class RowLayout:
@@ -76,38 +71,21 @@ def replicate_rows(rows: torch.Tensor, *, group=None):
         (so that its gradient is identical on every rank) and returns this rank's rows of it.
     """
     comm = Comm(group, "replicate_rows")
-    if comm.local:
-        layout = RowLayout(comm, [rows.shape[0]])
+    # The agreement exchange of dispatch and combine, with the rows' count, dimensions, sizes and
+    # dtype: ranks whose rows differ would exchange rows of different byte widths, and a rank
+    # calling dispatch or combine meanwhile a message of another length (gloo aborts the process
+    # on either); so every rank raises the same ValueError instead.
+    fields, error = {}, None
+    if isinstance(rows, torch.Tensor) and rows.dim() >= 1:
+        trailing = list(rows.shape[1:])
+        sizes = (trailing + [-1] * _ROW_SIZES)[:_ROW_SIZES]
+        fields = {6: rows.dim(), **{7 + i: size for i, size in enumerate(sizes)},
+                  7 + _ROW_SIZES: math.prod(trailing), 8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype)}
     else:
-        # With the count, the rows' dtype and sizes after the first dimension: ranks whose rows
-        # differ there would exchange rows of different byte widths (gloo aborts the process), so
-        # every rank checks them and raises the same ValueError.
-        message = torch.tensor([rows.shape[0]] + _row_kind(rows), dtype=torch.int64, device=comm.meta_device())
-        table = comm.all_gather_fixed(message, "row counts all-gather").cpu()
-        kinds = [tuple(row) for row in table[:, 1:].tolist()]
-        distinct = list(dict.fromkeys(kinds))
-        if len(distinct) > 1:
-            raise ValueError(f"moe_routing.distributed.replicate_rows: rows must have the same dtype and sizes "
-                             f"after the first dimension on every rank, got "
-                             f"{_by_rank([distinct.index(k) for k in kinds], lambda i: _show_kind(distinct[i]))}")
-        layout = RowLayout(comm, table[:, 0].tolist())
+        error = f"moe_routing.distributed.replicate_rows: rows must be a tensor [N_r, ...], got {_describe(rows)}"
+    table = _exchange("replicate_rows", comm, fields, error, rows.shape[0] if error is None else 0, None)
+    layout = RowLayout(comm, table[:, _F_TOKENS].tolist())
     return _Replicate.apply(rows, layout), layout
-
-
-def _row_kind(rows: torch.Tensor) -> List[int]:
-    """[dtype number, dimensions, elements per row, the first sizes after the first dimension (-1
-    padded)]: equal on two ranks when their rows have the same dtype and shape (the product
-    covers sizes past the shown ones up to their order)."""
-    trailing = list(rows.shape[1:])
-    return [_DTYPES.index(rows.dtype), rows.dim(), math.prod(trailing)] + (trailing + [-1] * _SHOWN_DIMS)[:_SHOWN_DIMS]
-
-
-def _show_kind(kind) -> str:
-    dtype, dims, per_row, *sizes = kind
-    shown = ", ".join(["*"] + [str(size) for size in sizes[:max(dims - 1, 0)]])
-    if dims - 1 > _SHOWN_DIMS:
-        shown += f", ... ({dims}-D, {per_row} elements a row)"
-    return f"{dtype_name(_DTYPES[dtype])} [{shown}]"
 
 
 def local_rows(all_rows: torch.Tensor, layout: RowLayout) -> torch.Tensor:
