@@ -271,6 +271,12 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     out["replicate_rows_dtype"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else x.half()))
     out["replicate_rows_operation"] = _expect_error(
         lambda: ep.replicate_rows(x) if rank == 0 else ep.dispatch(x, idx, e))
+    # all_to_all: rank 1 expecting one row more from rank 0 than rank 0 sends it (gloo left it
+    # uninitialised); a rank's own bad splits (it alone raised, its peers timed out).
+    rows = torch.arange(world * 3.0).view(world, 3)
+    expected = [1] * world if rank != 1 else [2] + [1] * (world - 1)
+    out["all_to_all_splits"] = _expect_error(lambda: ep.all_to_all(rows, expected, [1] * world))
+    out["all_to_all_arguments"] = _expect_error(lambda: ep.all_to_all(rows, [1] * world, [1] * (world + (rank == 0))))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out

@@ -127,6 +127,9 @@ MISMATCHES = {
               "every rank",
     "replicate_rows": "replicate_rows: rows.dim() must be the same on every rank, got 2 (rank",
     "replicate_rows_dtype": "replicate_rows: the dtype of rows must be the same on every rank, got float32 (rank",
+    "all_to_all_splits": "all_to_all: output_split_sizes must be what the ranks send, got rank 1 expecting 2 rows "
+                         "from rank 0, which sends it 1",
+    "all_to_all_arguments": "all_to_all: input_split_sizes must be ",
     "replicate_rows_operation": "every rank must call the same operation at the same time, got replicate_rows "
                                 "(rank 0), dispatch (rank",
 }

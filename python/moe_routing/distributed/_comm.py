@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -177,34 +177,3 @@ class _AllToAll(torch.autograd.Function):
         output_splits, input_splits = ctx.splits
         return _AllToAll.apply(grad, input_splits, output_splits, ctx.comm, "all_to_all backward"), \
             None, None, None, None
-
-
-def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], *,
-               group=None) -> torch.Tensor:
-    """Differentiable all_to_all_single along dim 0 with the output on rows' device.
-
-    Args:
-        rows: [sum(input_split_sizes), ...] any dtype; rows input_split_sizes[d] go to rank d.
-        output_split_sizes: rows received from each rank (list of world-size ints).
-        input_split_sizes: rows sent to each rank.
-        group: the process group (None: the default group; a world of one when torch.distributed
-            is not initialised).
-
-    Returns:
-        [sum(output_split_sizes), ...], the blocks from rank 0, 1, ... in order. Its gradient is the
-        reverse exchange of the output's gradient. Bytes travel as they are (uint8 views).
-
-    Raises:
-        RuntimeError: the collective failed or timed out (naming the operation and rank).
-    """
-    comm = Comm(group, "all_to_all")
-    output_splits = [int(s) for s in output_split_sizes]
-    input_splits = [int(s) for s in input_split_sizes]
-    for name, splits in (("output_split_sizes", output_splits), ("input_split_sizes", input_splits)):
-        if len(splits) != comm.world or any(s < 0 for s in splits):
-            raise ValueError(f"moe_routing.distributed.all_to_all: {name} must be {comm.world} non-negative ints "
-                             f"(one per rank), got {splits}")
-    if sum(input_splits) != rows.shape[0]:
-        raise ValueError(f"moe_routing.distributed.all_to_all: sum(input_split_sizes) must equal rows.size(0) "
-                         f"({rows.shape[0]}), got {sum(input_splits)}")
-    return _AllToAll.apply(rows, output_splits, input_splits, comm)

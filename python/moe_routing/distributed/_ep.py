@@ -32,6 +32,7 @@ order as the single-device call on the global batch (docs/decisions.md §17):
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -39,7 +40,7 @@ import torch
 from .. import _cache
 from .._fake import _check_numerics
 from .._port import check_int, dtype_name
-from ._comm import Comm, staging
+from ._comm import Comm, _AllToAll, staging
 
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
 _finalize = torch.ops.moe_routing.moe_finalize_routing
@@ -59,7 +60,7 @@ _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
-_OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3}
+_OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4}
 # Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
 _ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 _ROW_SIZES = 8  # replicate_rows: the sizes after the first compared one by one (beyond: their product)
@@ -83,11 +84,14 @@ _AGREED_FIELDS = {
                 (16, "bias.requires_grad", lambda v: str(bool(v))),
                 (17, "whether the output requires grad", lambda v: str(bool(v))),
                 (18, "the dispatch the handle comes from (the group's dispatches, counted from 1)", str)],
-    "replicate_rows": [(6, "rows.dim()", str)]
+}
+# replicate_rows and all_to_all: the rows' dimensions, sizes after the first and dtype (rows of
+# different byte widths on two ranks make gloo abort the process).
+_AGREED_FIELDS["replicate_rows"] = _AGREED_FIELDS["all_to_all"] = (
+    [(6, "rows.dim()", str)]
     + [(7 + i, f"rows.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
     + [(7 + _ROW_SIZES, "the number of elements of a row", str),
-       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))],
-}
+       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))])
 
 # Dispatches so far per group name, on this process: every rank of a group makes the same calls in
 # the same order, so a handle's number is the same on every rank exactly when they all pass the
@@ -219,6 +223,17 @@ def _check_table(op: str, table: torch.Tensor, comm: Comm) -> None:
             raise ValueError(f"{prefix}: {name} must be the same on every rank, got {_by_rank(values, show)}")
 
 
+def row_fields(op: str, rows) -> Tuple[dict, Optional[str]]:
+    """The agreement fields of replicate_rows' or all_to_all's rows [N_r, ...], or the error text
+    when rows is not such a tensor."""
+    if not isinstance(rows, torch.Tensor) or rows.dim() < 1:
+        return {}, f"moe_routing.distributed.{op}: rows must be a tensor [N_r, ...], got {_describe(rows)}"
+    trailing = list(rows.shape[1:])
+    sizes = (trailing + [-1] * _ROW_SIZES)[:_ROW_SIZES]
+    return {6: rows.dim(), **{7 + i: size for i, size in enumerate(sizes)}, 7 + _ROW_SIZES: math.prod(trailing),
+            8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype)}, None
+
+
 def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
               payload: Optional[torch.Tensor]) -> torch.Tensor:
     message = _message(op, comm, fields, error, tokens, payload, comm.meta_device())
@@ -226,6 +241,56 @@ def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: i
     table = comm.all_gather_fixed(message, step).cpu()
     _check_table(op, table, comm)
     return table
+
+
+def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], *,
+               group=None) -> torch.Tensor:
+    """Differentiable all_to_all_single along dim 0 with the output on rows' device.
+
+    Args:
+        rows: [sum(input_split_sizes), ...] any dtype; rows input_split_sizes[d] go to rank d.
+        output_split_sizes: rows received from each rank (list of world-size ints).
+        input_split_sizes: rows sent to each rank.
+        group: the process group (None: the default group; a world of one when torch.distributed
+            is not initialised).
+
+    Returns:
+        [sum(output_split_sizes), ...], the blocks from rank 0, 1, ... in order. Its gradient is the
+        reverse exchange of the output's gradient. Bytes travel as they are (uint8 views).
+
+    Raises:
+        ValueError: bad arguments on any rank, split sizes the ranks disagree on (what rank s sends
+            rank d is not what d expects from s) or rows of different dimensions, sizes after the
+            first or dtypes: the same error on every rank (one agreement exchange first; gloo
+            otherwise left the unsent rows uninitialised, or aborted the process).
+        RuntimeError: the collective failed or timed out (naming the operation and rank).
+    """
+    comm = Comm(group, "all_to_all")
+    op = "moe_routing.distributed.all_to_all"
+    fields, error = row_fields("all_to_all", rows)
+    splits = {}
+    for name, given in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
+        try:
+            splits[name] = [int(s) for s in given]
+        except (TypeError, ValueError):
+            splits[name] = None
+        if error is None and (splits[name] is None or len(splits[name]) != comm.world or min(splits[name]) < 0):
+            error = (f"{op}: {name} must be {comm.world} non-negative ints (one per rank), got "
+                     f"{splits[name] if splits[name] is not None else given!r}")
+    output_splits, input_splits = splits["output_split_sizes"], splits["input_split_sizes"]
+    if error is None and sum(input_splits) != rows.shape[0]:
+        error = f"{op}: sum(input_split_sizes) must equal rows.size(0) ({rows.shape[0]}), got {sum(input_splits)}"
+    payload = None if error is not None else torch.tensor(input_splits + output_splits, dtype=torch.int64)
+    table = _exchange("all_to_all", comm, fields, error, rows.shape[0] if error is None else 0, payload)
+    everything = _gather_payload(table, payload, 2 * comm.world, comm)
+    sends, expects = everything[:, :comm.world], everything[:, comm.world:]  # [source, destination]
+    differ = (sends != expects.t()).nonzero()
+    if differ.numel():
+        source, destination = differ[0].tolist()
+        raise ValueError(f"{op}: output_split_sizes must be what the ranks send, got rank {destination} expecting "
+                         f"{int(expects[destination, source])} rows from rank {source}, which sends it "
+                         f"{int(sends[source, destination])}")
+    return _AllToAll.apply(rows, output_splits, input_splits, comm)
 
 
 # ---- dispatch ---------------------------------------------------------------------------------------

@@ -10,13 +10,12 @@ rank, at the price of the non-expert computation repeated on every rank.
 """
 from __future__ import annotations
 
-import math
 from typing import List
 
 import torch
 
 from ._comm import Comm
-from ._ep import _ALL_DTYPES, _F_TOKENS, _ROW_SIZES, _describe, _exchange
+from ._ep import _F_TOKENS, _exchange, row_fields
 
 
 class RowLayout:
@@ -75,14 +74,7 @@ def replicate_rows(rows: torch.Tensor, *, group=None):
     # dtype: ranks whose rows differ would exchange rows of different byte widths, and a rank
     # calling dispatch or combine meanwhile a message of another length (gloo aborts the process
     # on either); so every rank raises the same ValueError instead.
-    fields, error = {}, None
-    if isinstance(rows, torch.Tensor) and rows.dim() >= 1:
-        trailing = list(rows.shape[1:])
-        sizes = (trailing + [-1] * _ROW_SIZES)[:_ROW_SIZES]
-        fields = {6: rows.dim(), **{7 + i: size for i, size in enumerate(sizes)},
-                  7 + _ROW_SIZES: math.prod(trailing), 8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype)}
-    else:
-        error = f"moe_routing.distributed.replicate_rows: rows must be a tensor [N_r, ...], got {_describe(rows)}"
+    fields, error = row_fields("replicate_rows", rows)
     table = _exchange("replicate_rows", comm, fields, error, rows.shape[0] if error is None else 0, None)
     layout = RowLayout(comm, table[:, _F_TOKENS].tolist())
     return _Replicate.apply(rows, layout), layout
