@@ -12,9 +12,9 @@ slowest rank's), each rank holding `tokens` tokens of hidden size H routed to K 
   ours      recv_x, _, h = ep.dispatch(x, expert_idx, E); y = ep.combine(recv_x, h, scales=w);
             y.backward(grad_y)  (scales float32 with bfloat16 rows; the counts exchange included)
   baseline  plain PyTorch: argsort + index_select of the token rows, counts by all_to_all_single,
-            rows by all_to_all_single in an autograd function (ep.all_to_all's, without its agreement), the
-            receiver's reorder to expert-major by index_select, the way back, and the combine as
-            index_add_ of the weighted rows into a float32 buffer; backward by autograd
+            rows by all_to_all_single in an autograd function (ep.all_to_all's, without its
+            agreement), the receiver's reorder to expert-major by index_select, the way back, and
+            the combine as index_add_ of the weighted rows into a float32 buffer; backward by autograd
   bare      four all_to_all_single of the layer's rows, one per (token, expert) pair (dispatch,
             combine, and their backwards), into preallocated buffers: the transport's limit for
             this exchange. Ours sends fewer rows than that (a token once per owning rank in the
