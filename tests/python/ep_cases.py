@@ -305,6 +305,20 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> Dict[str, str]:
     return out
 
 
+def run_subgroup_timeout(rank: int, world: int, timeout_s: float) -> str:
+    """Global rank 3 does not take part in a dispatch on the subgroup [2, 3]: global rank 2 must
+    raise a RuntimeError naming itself both ways (rank 0 of the subgroup alone names no process)."""
+    import datetime
+    span = datetime.timedelta(seconds=timeout_s)
+    groups = [dist.new_group([0, 1], timeout=span), dist.new_group([2, 3], timeout=span)]  # every rank makes both
+    if rank == 2:
+        return _raised(lambda: ep.dispatch(torch.randn(4, 8), torch.zeros(4, 1, dtype=torch.int32), 2,
+                                           group=groups[1]), RuntimeError)
+    if rank == 3:
+        time.sleep(2.5 * timeout_s)
+    return "not taking part"
+
+
 # ---- training the layer (examples/python/ep_moe.py) -----------------------------------------------------
 
 def compare_training(rank: int, world: int, configs: List[dict]) -> Dict[str, str]:
@@ -452,4 +466,6 @@ def run_world(rank: int, world: int, plan: dict) -> dict:
                                     for wrapper in ("ddp", "fsdp")}
     if "timeouts" in plan:  # last: its groups are left broken
         results["timeouts"] = run_timeouts(rank, world, plan["timeouts"])
+    if "subgroup_timeout" in plan:  # last: its group is left broken
+        results["subgroup_timeout"] = run_subgroup_timeout(rank, world, plan["subgroup_timeout"])
     return results

@@ -78,6 +78,8 @@ def _plan(world: int) -> dict:
         data_parallel["ffn"] = 24
         plan["data_parallel"] = data_parallel
         plan["timeouts"] = 1.0
+    if world == 4:
+        plan["subgroup_timeout"] = 1.0
     return plan
 
 
@@ -158,6 +160,14 @@ def test_peer_not_taking_part_times_out(operation):
     assert "timed out" in message.lower(), message
     seconds = float(message.rsplit("(after ", 1)[1].split(" s)")[0])
     assert seconds < 10, message
+
+
+def test_timeout_in_a_subgroup_names_the_global_rank():
+    """On the subgroup [2, 3] of 4 ranks, global rank 2 is rank 0 of 2: the error says both."""
+    message = _launch(4)[2]["subgroup_timeout"]
+    assert message.startswith("RuntimeError: moe_routing.distributed.dispatch: rank 0 of 2 (global rank 2): the "
+                              "agreement and counts exchange (all_gather) failed"), message
+    assert "timed out" in message.lower(), message
 
 
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])

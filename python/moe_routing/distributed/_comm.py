@@ -63,8 +63,11 @@ class Comm:
         return torch.device("cpu")
 
     def fail(self, step: str, error: BaseException) -> RuntimeError:
-        return RuntimeError(f"moe_routing.distributed.{self.op}: rank {self.rank} of {self.world}: the {step} "
-                            f"failed (a peer that does not take part times out): {error}")
+        who = f"rank {self.rank} of {self.world}"
+        if not self.local and dist.get_rank() != self.rank:  # a subgroup: its rank alone names no process
+            who += f" (global rank {dist.get_rank()})"
+        return RuntimeError(f"moe_routing.distributed.{self.op}: {who}: the {step} failed (a peer that does not take "
+                            f"part times out): {error}")
 
     def wait(self, step: str, work) -> None:
         if work is None:
