@@ -12,9 +12,9 @@ slowest rank's), each rank holding `tokens` tokens of hidden size H routed to K 
   ours      recv_x, _, h = ep.dispatch(x, expert_idx, E); y = ep.combine(recv_x, h, scales=w);
             y.backward(grad_y)  (scales float32 with bfloat16 rows; the counts exchange included)
   baseline  plain PyTorch: argsort + index_select of the token rows, counts by all_to_all_single,
-            rows by all_to_all_single in an autograd function (ep.all_to_all), the
-            receiver's reorder to expert-major by index_select, the way back, and the combine as
-            index_add_ of the weighted rows into a float32 buffer; backward by autograd
+            rows by all_to_all_single in an autograd function (ep.all_to_all's, without its
+            agreement), the receiver's reorder to expert-major by index_select, the way back, and
+            the combine as index_add_ of the weighted rows into a float32 buffer; backward by autograd
   bare      four all_to_all_single of the layer's rows, one per (token, expert) pair (dispatch,
             combine, and their backwards), into preallocated buffers: the transport's limit for
             this exchange. Ours sends fewer rows than that (a token once per owning rank in the
@@ -38,6 +38,7 @@ import torch.distributed as dist
 
 import moe_routing
 import moe_routing.distributed as ep
+from moe_routing.distributed._comm import Comm, _AllToAll
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -79,6 +80,11 @@ def exchange_counts(flat_idx, experts):
     return counts_in, counts.view(world, local).sum(1).tolist(), counts_in.view(world, local).sum(1).tolist()
 
 
+def plain_all_to_all(rows, output_splits, input_splits):
+    """ep.all_to_all without its agreement exchange: the baseline's rows move as all_to_all_single."""
+    return _AllToAll.apply(rows, output_splits, input_splits, Comm(None, "all_to_all"))
+
+
 def baseline_step(x, idx, scales, grad_y, experts):
     world = dist.get_world_size()
     local = experts // world
@@ -90,7 +96,7 @@ def baseline_step(x, idx, scales, grad_y, experts):
     rows = x.index_select(0, token)
     counts_in, send_splits, recv_splits = exchange_counts(flat, experts)
     received = sum(recv_splits)
-    recv = ep.all_to_all(rows, recv_splits, send_splits)
+    recv = plain_all_to_all(rows, recv_splits, send_splits)
     # Source-major blocks (s, j) -> expert-major (j, s).
     block = torch.repeat_interleave(torch.arange(world * local), counts_in, output_size=received)
     to_expert_major = torch.argsort((block % local) * world + torch.div(block, local, rounding_mode="floor"),
@@ -98,7 +104,7 @@ def baseline_step(x, idx, scales, grad_y, experts):
     expert_rows = recv.index_select(0, to_expert_major)
     expert_out = expert_rows  # the identity experts
     back = expert_out.index_select(0, torch.argsort(to_expert_major))
-    returned = ep.all_to_all(back, send_splits, recv_splits)
+    returned = plain_all_to_all(back, send_splits, recv_splits)
     weighted = returned.float() * scales.reshape(-1)[order].float().unsqueeze(1)
     y = torch.zeros(n, x.shape[1], dtype=torch.float32).index_add(0, token, weighted).to(x.dtype)
     y.backward(grad_y)

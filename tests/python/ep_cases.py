@@ -24,14 +24,16 @@ bitwise_equal = ep_moe.bitwise_equal
 def case(name: str, tokens: List[int], *, dtype=torch.float32, capacity: Optional[int] = None, hidden: int = 16,
          top_k: int = 2, experts: Optional[int] = None, scales: Optional[str] = "same", bias: bool = True,
          x1: bool = True, x2: bool = False, numerics: str = "atlas_a2", unused_experts=(), repeats: bool = False,
-         seed: int = 0) -> dict:
+         seed: int = 0, create_graph: bool = False) -> dict:
     """A scenario: `tokens` per rank (so the world size is len(tokens)); scales "same" (dtype of x),
     "float32" (with bfloat16) or None; `unused_experts` receive no pair; `repeats`: a token may
-    choose the same expert more than once."""
+    choose the same expert more than once; `create_graph`: the expert-parallel gradients taken
+    with create_graph=True (the same values; a second derivative must then raise)."""
     world = len(tokens)
     return dict(name=name, tokens=list(tokens), dtype=dtype, capacity=capacity, hidden=hidden, top_k=top_k,
                 experts=experts if experts is not None else 2 * world + 2 * (world == 1), scales=scales, bias=bias,
-                x1=x1, x2=x2, numerics=numerics, unused_experts=tuple(unused_experts), repeats=repeats, seed=seed)
+                x1=x1, x2=x2, numerics=numerics, unused_experts=tuple(unused_experts), repeats=repeats, seed=seed,
+                create_graph=create_graph)
 
 
 def global_inputs(spec: dict) -> Dict[str, torch.Tensor]:
@@ -129,9 +131,41 @@ def expert_parallel(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, worl
     result = {"recv_x": recv_x.detach(), "tokens_per_expert": per_expert, "y": y.detach(),
               "tokens_per_rank": torch.tensor(handle.tokens_per_rank), "counts": handle.counts}
     names = [name for name in _DIFFERENTIABLE if name in t]
-    grads = torch.autograd.grad(y, [t[name] for name in names], t["grad_y"])
-    result.update({"grad_" + name: grad for name, grad in zip(names, grads)})
+    grads = torch.autograd.grad(y, [t[name] for name in names], t["grad_y"], create_graph=spec["create_graph"])
+    result.update({"grad_" + name: grad.detach() for name, grad in zip(names, grads)})
+    if spec["create_graph"]:
+        try:  # combine is differentiable once, as moe_finalize_routing: every rank raises
+            torch.autograd.grad(sum(grad.sum() for grad in grads), [t[name] for name in names], allow_unused=True)
+            raise AssertionError("a second derivative through combine did not raise")
+        except NotImplementedError as error:
+            assert "a second derivative of combine" in str(error), error
     return {name: value.cpu() for name, value in result.items()}
+
+
+def _expanded(spec: dict, x: torch.Tensor, expert_idx: torch.Tensor) -> torch.Tensor:
+    """The single-device moe_init_routing's expanded_x (dropless or drop-pad)."""
+    capacity = {} if spec["capacity"] is None else dict(drop_pad_mode=1, expert_capacity=spec["capacity"])
+    return moe_routing.moe_init_routing(x, expert_idx, expert_num=spec["experts"], numerics=spec["numerics"],
+                                        **capacity)[0]
+
+
+def dispatch_second_derivatives(spec: dict, inputs: Dict[str, torch.Tensor], rank: int, world: int, group=None):
+    """(first, second) derivatives with respect to this rank's x of sum(rows^3) over the
+    dispatched rows of every rank, the second that of sum(first * grad_y): expert parallel, and the
+    single-device moe_init_routing's on the global batch (rows of this rank)."""
+    tokens = spec["tokens"]
+    lo, hi = sum(tokens[:rank]), sum(tokens[:rank + 1])
+    found = []
+    for parallel in (True, False):
+        x = (inputs["x"][lo:hi] if parallel else inputs["x"]).clone().requires_grad_()
+        ids = inputs["expert_idx"][lo:hi] if parallel else inputs["expert_idx"]
+        rows = ep.dispatch(x, ids, spec["experts"], group=group, expert_capacity=spec["capacity"],
+                           numerics=spec["numerics"])[0] if parallel else _expanded(spec, x, ids)
+        (first,) = torch.autograd.grad((rows ** 3).sum(), x, create_graph=True)
+        grad_y = inputs["grad_y"][lo:hi] if parallel else inputs["grad_y"]
+        (second,) = torch.autograd.grad((first * grad_y).sum(), x)
+        found.append((first.detach(), second) if parallel else (first.detach()[lo:hi], second[lo:hi]))
+    return found
 
 
 def compare(spec: dict, rank: int, world: int, group=None, device: str = "cpu") -> str:
@@ -159,6 +193,9 @@ def compare(spec: dict, rank: int, world: int, group=None, device: str = "cpu") 
     ids, starts = inputs["expert_idx"].long(), [sum(tokens[:r]) for r in range(world + 1)]
     want["counts"] = torch.stack([torch.bincount(ids[starts[r]:starts[r + 1]].reshape(-1), minlength=spec["experts"])
                                   for r in range(world)])
+    if spec["create_graph"]:
+        (got["grad_x_create_graph"], got["second_x"]), (want["grad_x_create_graph"], want["second_x"]) = \
+            dispatch_second_derivatives(spec, inputs, rank, world, group)
     differing = [name for name in want if name not in got or not bitwise_equal(got[name], want[name])]
     return "ok" if not differing else f"differ on rank {rank}: {', '.join(differing)}"
 
@@ -224,6 +261,22 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     out["scales_shape"] = _expect_error(lambda: ep.combine(recv_x, handle, scales=scales if rank else scales[:, :1]))
     # Rank 0 dispatches while the others combine: both exchanges are the same fixed message.
     out["operation"] = _expect_error(lambda: ep.dispatch(x, idx, e) if rank == 0 else ep.combine(recv_x, handle))
+    # Two dispatches of the same shapes, the last rank combining the other one: the split sizes
+    # disagree (gloo once aborted the process) or, with equal counts, rows go to the wrong tokens.
+    other_x, _, other = ep.dispatch(x, idx.flip(0), e)
+    out["handle"] = _expect_error(lambda: ep.combine(*((other_x, other) if rank == last else (recv_x, handle))))
+    # A rank with no tokens passing a 1-D empty tensor, rows of another dtype, or a rank calling
+    # dispatch meanwhile: rows of another width, messages of another length (gloo once aborted).
+    out["replicate_rows"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else torch.empty(0)))
+    out["replicate_rows_dtype"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else x.half()))
+    out["replicate_rows_operation"] = _expect_error(
+        lambda: ep.replicate_rows(x) if rank == 0 else ep.dispatch(x, idx, e))
+    # all_to_all: rank 1 expecting one row more from rank 0 than rank 0 sends it (gloo left it
+    # uninitialised); a rank's own bad splits (it alone raised, its peers timed out).
+    rows = torch.arange(world * 3.0).view(world, 3)
+    expected = [1] * world if rank != 1 else [2] + [1] * (world - 1)
+    out["all_to_all_splits"] = _expect_error(lambda: ep.all_to_all(rows, expected, [1] * world))
+    out["all_to_all_arguments"] = _expect_error(lambda: ep.all_to_all(rows, [1] * world, [1] * (world + (rank == 0))))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out
@@ -250,6 +303,20 @@ def run_timeouts(rank: int, world: int, timeout_s: float) -> Dict[str, str]:
     else:
         time.sleep(2.5 * timeout_s)
     return out
+
+
+def run_subgroup_timeout(rank: int, world: int, timeout_s: float) -> str:
+    """Global rank 3 does not take part in a dispatch on the subgroup [2, 3]: global rank 2 must
+    raise a RuntimeError naming itself both ways (rank 0 of the subgroup alone names no process)."""
+    import datetime
+    span = datetime.timedelta(seconds=timeout_s)
+    groups = [dist.new_group([0, 1], timeout=span), dist.new_group([2, 3], timeout=span)]  # every rank makes both
+    if rank == 2:
+        return _raised(lambda: ep.dispatch(torch.randn(4, 8), torch.zeros(4, 1, dtype=torch.int32), 2,
+                                           group=groups[1]), RuntimeError)
+    if rank == 3:
+        time.sleep(2.5 * timeout_s)
+    return "not taking part"
 
 
 # ---- training the layer (examples/python/ep_moe.py) -----------------------------------------------------
@@ -348,6 +415,40 @@ def check_all_to_all(rank: int, world: int) -> str:
     return "ok" if bitwise_equal(grad, rows.detach() * 2) else "gradient differs"
 
 
+def check_second_derivatives(rank: int, world: int) -> str:
+    """replicate_rows / local_rows and all_to_all under create_graph=True: the first and second
+    derivatives of sum(g(x)^3), g = local_rows(replicate_rows(x)^2) or x's rows sent to rank 0,
+    squared there and sent back, equal those of g = x^2 on this rank's rows alone (once, only the
+    first derivative was differentiable, silently: the second missed terms)."""
+    x = torch.arange(1.0, 4.0 + rank, dtype=torch.float64).view(-1, 1) / 3  # ranks hold different counts
+    found = []
+    for name, route in (("replicate", lambda v, f: ep.local_rows(*_replicated(f, v))),
+                        ("all_to_all", lambda v, f: _round_trip(f, v, rank, world))):
+        derivatives = []
+        for path in (route, lambda v, f: f(v)):
+            leaf = x.clone().requires_grad_()
+            loss = (path(leaf, lambda t: t * t) ** 3).sum()
+            (first,) = torch.autograd.grad(loss, leaf, create_graph=True)
+            (second,) = torch.autograd.grad(first.sum(), leaf)
+            derivatives.append((first.detach(), second))
+        if not all(bitwise_equal(a, b) for a, b in zip(*derivatives)):
+            found.append(name)
+    return "ok" if not found else "differ: " + ", ".join(found)
+
+
+def _replicated(f, rows):
+    all_rows, layout = ep.replicate_rows(rows)
+    return f(all_rows), layout
+
+
+def _round_trip(f, rows, rank, world):
+    """This rank's rows all sent to rank 0, f applied there, and sent back."""
+    counts = ep.replicate_rows(rows.detach())[1].counts  # every rank's row count
+    send = [rows.shape[0]] + [0] * (world - 1)
+    receive = counts if rank == 0 else [0] * world
+    return ep.all_to_all(f(ep.all_to_all(rows, receive, send)), send, receive)
+
+
 def run_world(rank: int, world: int, plan: dict) -> dict:
     """One process of a test launch: every part of `plan` in order (keys: bitwise, training,
     mismatches, timeouts, data_parallel); returns {part: {name: result}}."""
@@ -355,6 +456,7 @@ def run_world(rank: int, world: int, plan: dict) -> dict:
     if "bitwise" in plan:
         results["bitwise"] = run_cases(rank, world, plan["bitwise"])
         results["bitwise"]["all_to_all"] = check_all_to_all(rank, world)
+        results["bitwise"]["second_derivatives"] = check_second_derivatives(rank, world)
     if "training" in plan:
         results["training"] = compare_training(rank, world, plan["training"])
     if plan.get("mismatches"):
@@ -364,4 +466,6 @@ def run_world(rank: int, world: int, plan: dict) -> dict:
                                     for wrapper in ("ddp", "fsdp")}
     if "timeouts" in plan:  # last: its groups are left broken
         results["timeouts"] = run_timeouts(rank, world, plan["timeouts"])
+    if "subgroup_timeout" in plan:  # last: its group is left broken
+        results["subgroup_timeout"] = run_subgroup_timeout(rank, world, plan["subgroup_timeout"])
     return results

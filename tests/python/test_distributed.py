@@ -44,6 +44,9 @@ def _bitwise_specs(world: int):
         case("capacity_everything", tokens, dtype=torch.bfloat16, capacity=sum(tokens)),
         # More experts than the first counts message holds (the continuation messages).
         case("many_experts", tokens, experts=448, top_k=3, capacity=2),
+        # Gradients with create_graph=True (a PyTorch error on the staging copies once).
+        case("create_graph", tokens, create_graph=True),
+        case("create_graph_capacity", tokens, dtype=torch.bfloat16, capacity=2, create_graph=True),
     ]
     if world > 1:
         local = specs[0]["experts"] // world
@@ -75,6 +78,8 @@ def _plan(world: int) -> dict:
         data_parallel["ffn"] = 24
         plan["data_parallel"] = data_parallel
         plan["timeouts"] = 1.0
+    if world == 4:
+        plan["subgroup_timeout"] = 1.0
     return plan
 
 
@@ -87,7 +92,8 @@ def _cases(part: str):
     return [(world, spec["name"]) for world in TOKENS for spec in _plan(world).get(part, [])]
 
 
-@pytest.mark.parametrize("world,name", _cases("bitwise") + [(w, "all_to_all") for w in TOKENS])
+@pytest.mark.parametrize("world,name", _cases("bitwise") + [(w, name) for w in TOKENS
+                                                             for name in ("all_to_all", "second_derivatives")])
 def test_dispatch_combine_bitwise(world, name):
     """recv_x (the single-device expanded_x rows of this rank's experts), tokens_per_local_expert,
     y and the gradients of x, scales, x1, x2, bias (the whole, global one) and the experts'
@@ -119,6 +125,15 @@ MISMATCHES = {
     "scales_presence": "whether scales is given, and its dtype must be the same on every rank",
     "scales_shape": "scales must be float32 [N, K]",
     "operation": "every rank must call the same operation at the same time",
+    "handle": "the dispatch the handle comes from (the group's dispatches, counted from 1) must be the same on "
+              "every rank",
+    "replicate_rows": "replicate_rows: rows.dim() must be the same on every rank, got 2 (rank",
+    "replicate_rows_dtype": "replicate_rows: the dtype of rows must be the same on every rank, got float32 (rank",
+    "all_to_all_splits": "all_to_all: output_split_sizes must be what the ranks send, got rank 1 expecting 2 rows "
+                         "from rank 0, which sends it 1",
+    "all_to_all_arguments": "all_to_all: input_split_sizes must be ",
+    "replicate_rows_operation": "every rank must call the same operation at the same time, got replicate_rows "
+                                "(rank 0), dispatch (rank",
 }
 
 
@@ -145,6 +160,14 @@ def test_peer_not_taking_part_times_out(operation):
     assert "timed out" in message.lower(), message
     seconds = float(message.rsplit("(after ", 1)[1].split(" s)")[0])
     assert seconds < 10, message
+
+
+def test_timeout_in_a_subgroup_names_the_global_rank():
+    """On the subgroup [2, 3] of 4 ranks, global rank 2 is rank 0 of 2: the error says both."""
+    message = _launch(4)[2]["subgroup_timeout"]
+    assert message.startswith("RuntimeError: moe_routing.distributed.dispatch: rank 0 of 2 (global rank 2): the "
+                              "agreement and counts exchange (all_gather) failed"), message
+    assert "timed out" in message.lower(), message
 
 
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp"])

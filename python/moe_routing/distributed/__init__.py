@@ -10,8 +10,8 @@ Forward and every gradient equal, bit for bit, the single-device computation of 
 """
 from __future__ import annotations
 
-from ._comm import all_to_all, release_staging_buffers
-from ._ep import DispatchHandle, combine, dispatch
+from ._comm import release_staging_buffers
+from ._ep import DispatchHandle, all_to_all, combine, dispatch
 from ._launch import run_local
 from ._module import ExpertParallelMoE, Router
 from ._replicate import RowLayout, allreduce_sum_hook, local_rows, replicate_rows

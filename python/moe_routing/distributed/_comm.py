@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,12 @@ class Comm:
         other.op = op
         return other
 
+    def name(self) -> str:
+        """The group's name, the same on every rank of it ("" for a world of one)."""
+        if self.local:
+            return ""
+        return (self.group if self.group is not None else dist.group.WORLD).group_name
+
     def meta_device(self) -> torch.device:
         """Where small integer tensors for collectives live: CUDA for NCCL-only groups, else CPU."""
         if self.local:
@@ -57,8 +63,11 @@ class Comm:
         return torch.device("cpu")
 
     def fail(self, step: str, error: BaseException) -> RuntimeError:
-        return RuntimeError(f"moe_routing.distributed.{self.op}: rank {self.rank} of {self.world}: the {step} "
-                            f"failed (a peer that does not take part times out): {error}")
+        who = f"rank {self.rank} of {self.world}"
+        if not self.local and dist.get_rank() != self.rank:  # a subgroup: its rank alone names no process
+            who += f" (global rank {dist.get_rank()})"
+        return RuntimeError(f"moe_routing.distributed.{self.op}: {who}: the {step} failed (a peer that does not take "
+                            f"part times out): {error}")
 
     def wait(self, step: str, work) -> None:
         if work is None:
@@ -160,44 +169,14 @@ class _AllToAll(torch.autograd.Function):
     way they came (rows move, nothing is summed, so gradients keep every bit)."""
 
     @staticmethod
-    def forward(ctx, rows, output_splits, input_splits, comm):
+    def forward(ctx, rows, output_splits, input_splits, comm, step="all_to_all"):
         ctx.splits = (list(output_splits), list(input_splits))
         ctx.comm = comm
-        return comm.all_to_all_rows(rows, output_splits, input_splits, "all_to_all")
+        return comm.all_to_all_rows(rows, output_splits, input_splits, step)
 
     @staticmethod
     def backward(ctx, grad):
+        # The reverse exchange, itself differentiable (create_graph=True, second derivatives).
         output_splits, input_splits = ctx.splits
-        return ctx.comm.all_to_all_rows(grad.contiguous(), input_splits, output_splits, "all_to_all backward"), \
-            None, None, None
-
-
-def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], *,
-               group=None) -> torch.Tensor:
-    """Differentiable all_to_all_single along dim 0 with the output on rows' device.
-
-    Args:
-        rows: [sum(input_split_sizes), ...] any dtype; rows input_split_sizes[d] go to rank d.
-        output_split_sizes: rows received from each rank (list of world-size ints).
-        input_split_sizes: rows sent to each rank.
-        group: the process group (None: the default group; a world of one when torch.distributed
-            is not initialised).
-
-    Returns:
-        [sum(output_split_sizes), ...], the blocks from rank 0, 1, ... in order. Its gradient is the
-        reverse exchange of the output's gradient. Bytes travel as they are (uint8 views).
-
-    Raises:
-        RuntimeError: the collective failed or timed out (naming the operation and rank).
-    """
-    comm = Comm(group, "all_to_all")
-    output_splits = [int(s) for s in output_split_sizes]
-    input_splits = [int(s) for s in input_split_sizes]
-    for name, splits in (("output_split_sizes", output_splits), ("input_split_sizes", input_splits)):
-        if len(splits) != comm.world or any(s < 0 for s in splits):
-            raise ValueError(f"moe_routing.distributed.all_to_all: {name} must be {comm.world} non-negative ints "
-                             f"(one per rank), got {splits}")
-    if sum(input_splits) != rows.shape[0]:
-        raise ValueError(f"moe_routing.distributed.all_to_all: sum(input_split_sizes) must equal rows.size(0) "
-                         f"({rows.shape[0]}), got {sum(input_splits)}")
-    return _AllToAll.apply(rows, output_splits, input_splits, comm)
+        return _AllToAll.apply(grad, input_splits, output_splits, ctx.comm, "all_to_all backward"), \
+            None, None, None, None

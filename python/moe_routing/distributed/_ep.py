@@ -32,6 +32,7 @@ order as the single-device call on the global batch (docs/decisions.md §17):
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -39,7 +40,7 @@ import torch
 from .. import _cache
 from .._fake import _check_numerics
 from .._port import check_int, dtype_name
-from ._comm import Comm, staging
+from ._comm import Comm, _AllToAll, staging
 
 _init_routing_grad = torch.ops.moe_routing.moe_init_routing_grad
 _finalize = torch.ops.moe_routing.moe_finalize_routing
@@ -59,7 +60,10 @@ _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
-_OP_CODES = {"dispatch": 1, "combine": 2}
+_OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4}
+# Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
+_ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+_ROW_SIZES = 8  # replicate_rows: the sizes after the first compared one by one (beyond: their product)
 
 # Header fields: (position, name used in the disagreement message, how to print a value).
 _F_MAGIC, _F_OP, _F_WORLD, _F_HAS_ERROR, _F_TEXT_BYTES, _F_TOKENS = 0, 1, 2, 3, 4, 5
@@ -78,8 +82,22 @@ _AGREED_FIELDS = {
                 (14, "expert_out.requires_grad", lambda v: str(bool(v))),
                 (15, "scales.requires_grad", lambda v: str(bool(v))),
                 (16, "bias.requires_grad", lambda v: str(bool(v))),
-                (17, "whether the output requires grad", lambda v: str(bool(v)))],
+                (17, "whether the output requires grad", lambda v: str(bool(v))),
+                (18, "the dispatch the handle comes from (the group's dispatches, counted from 1)", str)],
 }
+# replicate_rows and all_to_all: the rows' dimensions, sizes after the first and dtype (rows of
+# different byte widths on two ranks make gloo abort the process).
+_AGREED_FIELDS["replicate_rows"] = _AGREED_FIELDS["all_to_all"] = (
+    [(6, "rows.dim()", str)]
+    + [(7 + i, f"rows.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
+    + [(7 + _ROW_SIZES, "the number of elements of a row", str),
+       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))])
+
+# Dispatches so far per group name, on this process: every rank of a group makes the same calls in
+# the same order, so a handle's number is the same on every rank exactly when they all pass the
+# handle of the same dispatch to combine. Handles of different dispatches make the ranks' split
+# sizes disagree (gloo aborts the process) or, with equal counts, route rows wrongly.
+_DISPATCHES: dict = {}
 
 
 class DispatchHandle:
@@ -130,6 +148,7 @@ class DispatchHandle:
         self.owner_pair_index: torch.Tensor
         self.owner_pair_experts: torch.Tensor
         self.recv_shape: Tuple[int, ...] = ()
+        self.serial = 0  # which of its group's dispatches made it (compared by combine)
 
     @property
     def kept_rows_count(self) -> int:
@@ -204,6 +223,17 @@ def _check_table(op: str, table: torch.Tensor, comm: Comm) -> None:
             raise ValueError(f"{prefix}: {name} must be the same on every rank, got {_by_rank(values, show)}")
 
 
+def row_fields(op: str, rows) -> Tuple[dict, Optional[str]]:
+    """The agreement fields of replicate_rows' or all_to_all's rows [N_r, ...], or the error text
+    when rows is not such a tensor."""
+    if not isinstance(rows, torch.Tensor) or rows.dim() < 1:
+        return {}, f"moe_routing.distributed.{op}: rows must be a tensor [N_r, ...], got {_describe(rows)}"
+    trailing = list(rows.shape[1:])
+    sizes = (trailing + [-1] * _ROW_SIZES)[:_ROW_SIZES]
+    return {6: rows.dim(), **{7 + i: size for i, size in enumerate(sizes)}, 7 + _ROW_SIZES: math.prod(trailing),
+            8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype)}, None
+
+
 def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
               payload: Optional[torch.Tensor]) -> torch.Tensor:
     message = _message(op, comm, fields, error, tokens, payload, comm.meta_device())
@@ -211,6 +241,56 @@ def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: i
     table = comm.all_gather_fixed(message, step).cpu()
     _check_table(op, table, comm)
     return table
+
+
+def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_sizes: List[int], *,
+               group=None) -> torch.Tensor:
+    """Differentiable all_to_all_single along dim 0 with the output on rows' device.
+
+    Args:
+        rows: [sum(input_split_sizes), ...] any dtype; rows input_split_sizes[d] go to rank d.
+        output_split_sizes: rows received from each rank (list of world-size ints).
+        input_split_sizes: rows sent to each rank.
+        group: the process group (None: the default group; a world of one when torch.distributed
+            is not initialised).
+
+    Returns:
+        [sum(output_split_sizes), ...], the blocks from rank 0, 1, ... in order. Its gradient is the
+        reverse exchange of the output's gradient. Bytes travel as they are (uint8 views).
+
+    Raises:
+        ValueError: bad arguments on any rank, split sizes the ranks disagree on (what rank s sends
+            rank d is not what d expects from s) or rows of different dimensions, sizes after the
+            first or dtypes: the same error on every rank (one agreement exchange first; gloo
+            otherwise left the unsent rows uninitialised, or aborted the process).
+        RuntimeError: the collective failed or timed out (naming the operation and rank).
+    """
+    comm = Comm(group, "all_to_all")
+    op = "moe_routing.distributed.all_to_all"
+    fields, error = row_fields("all_to_all", rows)
+    splits = {}
+    for name, given in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
+        try:
+            splits[name] = [int(s) for s in given]
+        except (TypeError, ValueError):
+            splits[name] = None
+        if error is None and (splits[name] is None or len(splits[name]) != comm.world or min(splits[name]) < 0):
+            error = (f"{op}: {name} must be {comm.world} non-negative ints (one per rank), got "
+                     f"{splits[name] if splits[name] is not None else given!r}")
+    output_splits, input_splits = splits["output_split_sizes"], splits["input_split_sizes"]
+    if error is None and sum(input_splits) != rows.shape[0]:
+        error = f"{op}: sum(input_split_sizes) must equal rows.size(0) ({rows.shape[0]}), got {sum(input_splits)}"
+    payload = None if error is not None else torch.tensor(input_splits + output_splits, dtype=torch.int64)
+    table = _exchange("all_to_all", comm, fields, error, rows.shape[0] if error is None else 0, payload)
+    everything = _gather_payload(table, payload, 2 * comm.world, comm)
+    sends, expects = everything[:, :comm.world], everything[:, comm.world:]  # [source, destination]
+    differ = (sends != expects.t()).nonzero()
+    if differ.numel():
+        source, destination = differ[0].tolist()
+        raise ValueError(f"{op}: output_split_sizes must be what the ranks send, got rank {destination} expecting "
+                         f"{int(expects[destination, source])} rows from rank {source}, which sends it "
+                         f"{int(sends[source, destination])}")
+    return _AllToAll.apply(rows, output_splits, input_splits, comm)
 
 
 # ---- dispatch ---------------------------------------------------------------------------------------
@@ -298,6 +378,7 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     handle = _plan(comm, x, expert_idx, routing, everything[:, :experts], everything[:, experts:], capacity,
                    numerics)
     handle.tokens_per_rank = table[:, _F_TOKENS].tolist()
+    handle.serial = _DISPATCHES[comm.name()] = _DISPATCHES.get(comm.name(), 0) + 1
     recv_x = _Dispatch.apply(x, _exchange_tokens(comm, x, expert_idx, handle), handle)
     return recv_x, handle.tokens_per_local_expert, handle
 
@@ -485,23 +566,54 @@ class _Dispatch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        h: DispatchHandle = ctx.handle
         if not ctx.needs_input_grad[0]:
             return None, None, None
+        return _DispatchGrad.apply(grad, ctx.handle), None, None
+
+
+class _DispatchGrad(torch.autograd.Function):
+    """The dispatch's backward as a function of its own, whose backward is the dispatch's forward
+    again (rows only move): create_graph=True and second derivatives through dispatch work, as
+    through the single-device moe_init_routing."""
+
+    @staticmethod
+    def forward(ctx, grad, h: DispatchHandle):
+        ctx.handle = h
         grad = grad.contiguous().view(-1, h.hidden)
         send = torch.index_select(grad, 0, h.owner_index,
                                   out=staging(0, (h.received_rows, h.hidden), grad.dtype, grad.device))
         rows = h.comm.all_to_all_rows(send, h.send_splits, h.recv_splits, "rows exchange backward (all_to_all)",
                                       out=staging(1, (h.kept_rows_count, h.hidden), grad.dtype, grad.device))
         if h.expert_capacity is None:
-            grad_x = _init_routing_grad(rows, h.local_index, h.top_k, 0, 0, numerics=h.numerics)
-        else:
-            # The single-device drop-pad backward (mode 1, -1 skipped) on the rows this rank kept,
-            # viewed as one expert of capacity R (a scratch row when none was kept).
-            kept = rows.shape[0]
-            block = rows.view(1, kept, h.hidden) if kept else rows.new_zeros((1, 1, h.hidden))
-            grad_x = _init_routing_grad(block, h.local_index, h.top_k, 1, 0, numerics=h.numerics)
-        return grad_x, None, None
+            return _init_routing_grad(rows, h.local_index, h.top_k, 0, 0, numerics=h.numerics)
+        # The single-device drop-pad backward (mode 1, -1 skipped) on the rows this rank kept,
+        # viewed as one expert of capacity R (a scratch row when none was kept).
+        kept = rows.shape[0]
+        block = rows.view(1, kept, h.hidden) if kept else rows.new_zeros((1, 1, h.hidden))
+        return _init_routing_grad(block, h.local_index, h.top_k, 1, 0, numerics=h.numerics)
+
+    @staticmethod
+    def backward(ctx, grad_grad):
+        h: DispatchHandle = ctx.handle
+        step = "token rows exchange, second derivative (all_to_all)"
+        received, work = _send_token_rows(h.comm, grad_grad, h, step, spare_row=True)
+        h.comm.wait(step, work)
+        return _Dispatch.apply(grad_grad, received, h), None
+
+
+def _send_token_rows(comm: Comm, rows: torch.Tensor, h: DispatchHandle, step: str, *, spare_row: bool = False):
+    """rows [N, H] (this rank's tokens): each needed token's row once to each rank owning one of
+    its experts, asynchronously. Returns (received [received tokens (+1 zero row with spare_row),
+    H], a staging buffer; the work to wait for)."""
+    dtype, device = rows.dtype, rows.device
+    send = torch.index_select(rows, 0, h.sent_tokens,
+                              out=staging(0, (h.sent_tokens.numel(), h.hidden), dtype, device))
+    received = staging(1, (h.received_tokens + int(spare_row), h.hidden), dtype, device)
+    if spare_row:
+        received[h.received_tokens].zero_()
+    _, work = comm.all_to_all_rows(send, h.token_recv_splits, h.token_send_splits, step, async_op=True,
+                                   out=received[:h.received_tokens])
+    return received, work
 
 
 # ---- combine ----------------------------------------------------------------------------------------
@@ -586,7 +698,7 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
                   10: -1 if handle.expert_capacity is None else handle.expert_capacity,
                   11: _NUMERICS_CODES[numerics], 12: 0 if scales is None else _DTYPE_CODES[scales.dtype],
                   13: int(bias is not None), 14: int(needs[0]), 15: int(needs[1]), 16: int(needs[2]),
-                  17: int(out_needs_grad)}
+                  17: int(out_needs_grad), 18: handle.serial}
     _exchange("combine", comm, fields, error, handle.num_tokens if ok else 0, None)
     return _Combine.apply(expert_out, scales, x1, x2, bias, handle, comm, numerics, needs)
 
@@ -608,37 +720,43 @@ class _Combine(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        h: DispatchHandle = ctx.handle
-        comm: Comm = ctx.comm
         expert_out, scales, bias = ctx.saved_tensors
-        need_rows, need_scales, need_bias = ctx.needs
         grads = [None] * 9
         grad_y = grad_y.contiguous()
         if ctx.needs_input_grad[2]:
             grads[2] = grad_y
         if ctx.needs_input_grad[3]:
             grads[3] = grad_y
-        if not (need_rows or need_scales or need_bias):
-            return tuple(grads)
+        if any(ctx.needs):
+            grads[0], grads[1], grads[4] = _CombineGrad.apply(grad_y, expert_out, scales, bias, ctx.handle, ctx.comm,
+                                                              ctx.numerics, ctx.needs)
+        return tuple(grads)
+
+
+class _CombineGrad(torch.autograd.Function):
+    """The combine's backward (expert_out's, scales' and bias' gradients) as a function of its own
+    whose backward raises, as the single-device moe_finalize_routing_grad's: create_graph=True gets
+    the gradients, a second derivative a clear error (not one missing the saved tensors' terms)."""
+
+    @staticmethod
+    def forward(ctx, grad_y, expert_out, scales, bias, h: DispatchHandle, comm: Comm, numerics: str, needs):
+        need_rows, need_scales, need_bias = needs
         # Each token's grad_y row (and its K scales) once to each rank owning one of its experts.
-        dtype, device = grad_y.dtype, grad_y.device
-        sent = h.sent_tokens.numel()
-        token_rows = torch.index_select(grad_y, 0, h.sent_tokens, out=staging(0, (sent, h.hidden), dtype, device))
-        token_rows, rows_work = comm.all_to_all_rows(
-            token_rows, h.token_recv_splits, h.token_send_splits, "gradient rows exchange (all_to_all)",
-            async_op=True, out=staging(1, (h.received_tokens, h.hidden), dtype, device))
+        step = "gradient rows exchange (all_to_all)"
+        token_rows, rows_work = _send_token_rows(comm, grad_y, h, step)
         token_scales = None
         if scales is not None:
             token_scales, scales_work = comm.all_to_all_rows(
                 scales.index_select(0, h.sent_tokens), h.token_recv_splits, h.token_send_splits,
                 "scales exchange (all_to_all)", async_op=True)
             comm.wait("scales exchange (all_to_all)", scales_work)
-        comm.wait("gradient rows exchange (all_to_all)", rows_work)
+        comm.wait(step, rows_work)
         local_bias = None
         if bias is not None and (need_bias or need_scales):
             local_bias = bias[h.first_expert:h.first_expert + h.local_experts].contiguous()
         grad_rows, grad_token_scales, grad_local_bias = _owner_grad(
-            h, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias, ctx.numerics)
+            h, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias, numerics)
+        grads = [None] * 3
         if need_rows:
             grads[0] = grad_rows.view(expert_out.shape)
         if need_scales:
@@ -648,9 +766,14 @@ class _Combine(torch.autograd.Function):
             grad_scales[h.kept_pairs] = back.view(-1)[h.scales_back]
             grads[1] = grad_scales.view(h.num_tokens, h.top_k)
         if need_bias:
-            grads[4] = comm.all_gather_rows(grad_local_bias, [h.local_experts] * comm.world,
+            grads[2] = comm.all_gather_rows(grad_local_bias, [h.local_experts] * comm.world,
                                             "grad_bias exchange (all_gather)")
         return tuple(grads)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError("moe_routing.distributed.combine: backward is not implemented (a second derivative "
+                                  "of combine); differentiate it once, or detach its gradients")
 
 
 def _owner_grad(h: DispatchHandle, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias,

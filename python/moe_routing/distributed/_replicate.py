@@ -15,6 +15,7 @@ from typing import List
 import torch
 
 from ._comm import Comm
+from ._ep import _F_TOKENS, _exchange, row_fields
 
 
 class RowLayout:
@@ -30,16 +31,17 @@ class RowLayout:
 
 class _Replicate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, layout: RowLayout):
+    def forward(ctx, rows, layout: RowLayout, step: str = "rows all-gather"):
         ctx.layout = layout
-        return layout.comm.all_gather_rows(rows, layout.counts, "rows all-gather")
+        return layout.comm.all_gather_rows(rows, layout.counts, step)
 
     @staticmethod
     def backward(ctx, grad):
         # Every rank computed the same function of the same replicated tensor, so every rank holds
-        # the whole (identical) gradient: this rank's rows of it are its input's gradient.
-        layout = ctx.layout
-        return grad[layout.start:layout.stop], None
+        # the whole (identical) gradient: this rank's rows of it are its input's gradient. Taken
+        # with _Local, whose backward all-gathers, so that a second derivative (create_graph=True)
+        # is also that of the replicated computation.
+        return _Local.apply(grad, ctx.layout), None, None
 
 
 class _Local(torch.autograd.Function):
@@ -51,9 +53,8 @@ class _Local(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # Each rank has the gradient of its own rows: all-gathered, every rank holds the gradient
-        # of the replicated tensor, as a single process would.
-        layout = ctx.layout
-        return layout.comm.all_gather_rows(grad.contiguous(), layout.counts, "gradient rows all-gather"), None
+        # of the replicated tensor, as a single process would (differentiable, as above).
+        return _Replicate.apply(grad, ctx.layout, "gradient rows all-gather"), None
 
 
 def replicate_rows(rows: torch.Tensor, *, group=None):
@@ -69,12 +70,13 @@ def replicate_rows(rows: torch.Tensor, *, group=None):
         (so that its gradient is identical on every rank) and returns this rank's rows of it.
     """
     comm = Comm(group, "replicate_rows")
-    if comm.local:
-        layout = RowLayout(comm, [rows.shape[0]])
-    else:
-        size = torch.tensor([rows.shape[0]], dtype=torch.int64, device=comm.meta_device())
-        counts = comm.all_gather_fixed(size, "row counts all-gather").view(-1).tolist()
-        layout = RowLayout(comm, counts)
+    # The agreement exchange of dispatch and combine, with the rows' count, dimensions, sizes and
+    # dtype: ranks whose rows differ would exchange rows of different byte widths, and a rank
+    # calling dispatch or combine meanwhile a message of another length (gloo aborts the process
+    # on either); so every rank raises the same ValueError instead.
+    fields, error = row_fields("replicate_rows", rows)
+    table = _exchange("replicate_rows", comm, fields, error, rows.shape[0] if error is None else 0, None)
+    layout = RowLayout(comm, table[:, _F_TOKENS].tolist())
     return _Replicate.apply(rows, layout), layout
 
 
