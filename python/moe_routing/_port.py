@@ -19,6 +19,7 @@ from ._api import moe_finalize_routing, moe_init_routing_v2
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -106,7 +107,10 @@ def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: i
     it rejects it rather than reading a wrong row."""
     checked = not is_compiling()
     if checked:
-        bad = first_true((index < low) | (index >= high))
+        # Compared in int64: an int32 tensor compared with a bound outside int32 (num_expert = 2**31)
+        # wraps the bound and flags valid values.
+        wide = index.long()
+        bad = first_true((wide < max(low, INT64_MIN)) | ((wide >= high) if high <= INT64_MAX else False))
         if bad is not None:
             value = int(index.reshape(-1)[bad])
             raise IndexError(f"{function}: {name}{position(index.shape, bad)} must be in [{low}, {high}) "

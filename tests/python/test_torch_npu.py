@@ -585,6 +585,15 @@ def test_compute_expert_tokens():
         f(torch.tensor([0]), 1)
 
 
+def test_compute_expert_tokens_num_expert_beyond_int32_names_num_expert():
+    # The ids' range check compared int32 ids with num_expert as an int32 scalar: 2**31 wrapped
+    # and the valid id 0 was reported as out of range instead of num_expert as too large.
+    for num_expert in (2**31, 2**40):
+        with pytest.raises(ValueError, match=rf"npu_moe_compute_expert_tokens: num_expert must be at most "
+                                             rf"2147483647 .*got {num_expert}"):
+            torch_npu.npu_moe_compute_expert_tokens(torch.tensor([0, 1], dtype=I32), num_expert)
+
+
 # ---- torch.compile ---------------------------------------------------------------------------
 
 def test_compile_fullgraph_pipeline_bit_for_bit():
