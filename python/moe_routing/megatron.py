@@ -216,7 +216,12 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
                          f"moe_routing's permute never does), got a tensor")
     _check_routing(function, routing_map, probs, None)
     n, e = routing_map.shape
-    shape = [check_int(function, "restore_shape", extent) for extent in restore_shape]
+    try:
+        extents = list(restore_shape)
+    except TypeError:  # an int or None: not a shape
+        raise ValueError(f"{function}: restore_shape must be a sequence [num_tokens, hidden], got "
+                         f"{restore_shape!r}") from None
+    shape = [check_int(function, "restore_shape", extent) for extent in extents]
     if shape != [n, hidden]:
         raise ValueError(f"{function}: restore_shape must be [num_tokens, hidden] = {[n, hidden]}, got {shape}")
     if drop_and_pad and rows % e != 0:

@@ -157,7 +157,7 @@ def npu_moe_finalize_routing(expanded_permuted_rows: torch.Tensor, skip1: Option
         raise TypeError(f"{function}: missing required argument export_for_source_row (the expert ids, or None), "
                         f"got neither it nor expert_for_source_row")
     names = {"expanded_x": "expanded_permuted_rows", "expanded_row_idx": "expanded_src_to_dst_row", "x1": "skip1",
-             "x2": "skip2", "expert_idx": "export_for_source_row"}
+             "x2": "skip2", "expert_idx": "export_for_source_row", "top_k": "k"}
     return renamed_errors(function, lambda: moe_finalize_routing(
         expanded_permuted_rows, expanded_src_to_dst_row, skip1, skip2, bias, scales, export_for_source_row,
         drop_pad_mode=drop_pad_mode, k=k, numerics=numerics), names)

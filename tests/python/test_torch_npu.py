@@ -300,6 +300,12 @@ def test_finalize_routing_argument_rules():
         f(rows, None, torch.randn(4, 3), None, None, index, None, 2)
     with pytest.raises(IndexError, match=r"npu_moe_finalize_routing: expanded_src_to_dst_row\[1\] = 9"):
         f(rows, None, None, None, None, torch.tensor([0, 9, 1, 2], dtype=I32), None, 2)
+    # The operator's own name for k (top_k) was not renamed: the message named no argument of this call.
+    with pytest.raises(ValueError, match=r"npu_moe_finalize_routing: k must be 1 or scales.size\(1\) \(2\) when "
+                                         r"scales is given, got 4"):
+        f(torch.randn(8, 3), None, None, None, torch.rand(2, 2), torch.arange(8, dtype=I32), None, 0, 4)
+    with pytest.raises(ValueError, match="npu_moe_finalize_routing: k must be >= 1, got 0"):
+        f(rows, None, None, None, None, index, None, 0, 0)
     out = f(rows, None, None, None, None, index, None, None, None)  # optional ints accept None
     assert_bitwise_equal(moe_routing.moe_finalize_routing(rows, index), out)
 
