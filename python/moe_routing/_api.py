@@ -7,6 +7,44 @@ from typing import List, Optional, Union
 import torch
 
 
+def _schema_error(op, args, kwargs) -> Optional[ValueError]:
+    """The ValueError for the first scalar argument of op(*args, **kwargs) whose Python type the
+    schema refuses (a float for an int, ...), or None: PyTorch's own message for it is a
+    RuntimeError listing the whole schema, naming neither function nor argument our way."""
+    overload = op.default if isinstance(op, torch._ops.OpOverloadPacket) else op
+    schema = overload._schema
+    values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
+    values.update(kwargs)
+    for argument in schema.arguments:
+        value = values.get(argument.name)
+        kind = str(argument.type).removeprefix("Optional[").removesuffix("]")
+        if value is None or kind not in ("int", "SymInt", "bool", "str"):
+            continue
+        if kind == "str":
+            if not isinstance(value, str):
+                return ValueError(f"{schema.name.split('::')[-1]}: {argument.name} must be a str, got {value!r}")
+            continue
+        try:
+            operator.index(value)
+        except TypeError:
+            return ValueError(f"{schema.name.split('::')[-1]}: {argument.name} must be an int, got {value!r}")
+    return None
+
+
+def _call(op, *args, **kwargs):
+    """op(*args, **kwargs); a scalar of the wrong Python type is a ValueError naming it (eager only:
+    the check runs after the schema refused the call, so it costs nothing otherwise)."""
+    if torch.compiler.is_compiling():
+        return op(*args, **kwargs)
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError:
+        refused = _schema_error(op, args, kwargs)
+        if refused is None:
+            raise
+    raise refused
+
+
 def _functional(op, *args, **kwargs):
     """op(*args, **kwargs), a functional call. Where grad mode is off or no tensor argument requires grad, and
     nothing traces or transforms the call (torch.compile; a torch.func transform, whose wrapped tensors hide
@@ -15,9 +53,9 @@ def _functional(op, *args, **kwargs):
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
     if (torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
-        return op(*args, **kwargs)
+        return _call(op, *args, **kwargs)
     with torch._C._AutoDispatchBelowAutograd():
-        return op(*args, **kwargs)
+        return _call(op, *args, **kwargs)
 
 
 def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor, top_k: int,
@@ -46,7 +84,7 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
         ValueError: invalid arguments; IndexError: an expanded_row_idx value out of range.
     """
     if out is not None:
-        torch.ops.moe_routing.moe_init_routing_grad.out(
+        _call(torch.ops.moe_routing.moe_init_routing_grad.out,
             grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode, active_num, numerics=numerics,
             order=order, out=out)
         return out
@@ -135,7 +173,7 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, scale: Optional[
             raise ValueError(f"moe_init_routing: out must be a tuple of 5 tensors, got {len(out)}")
         names = ("expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
                  "expanded_topk_weight")
-        torch.ops.moe_routing.moe_init_routing.out(*args, numerics=numerics, **dict(zip(names, out)))
+        _call(torch.ops.moe_routing.moe_init_routing.out, *args, numerics=numerics, **dict(zip(names, out)))
         return tuple(out)
     return _functional(torch.ops.moe_routing.moe_init_routing, *args, numerics=numerics)
 
@@ -195,7 +233,7 @@ def moe_finalize_routing(expanded_x: torch.Tensor, expanded_row_idx: torch.Tenso
     args = (expanded_x, expanded_row_idx, x1, x2, bias, scales, expert_idx, x, alpha1, alpha2, v, drop_pad_mode,
             *ranges, k)
     if out is not None:
-        torch.ops.moe_routing.moe_finalize_routing.out(*args, numerics=numerics, api=api, out=out)
+        _call(torch.ops.moe_routing.moe_finalize_routing.out, *args, numerics=numerics, api=api, out=out)
         return out
     return _functional(torch.ops.moe_routing.moe_finalize_routing, *args, numerics=numerics, api=api)
 
@@ -247,7 +285,7 @@ def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tens
             raise ValueError(f"moe_finalize_routing_grad: out must be a tuple of {wanted} tensors ({names}), "
                              f"got {len(out)}")
         out = tuple(out)
-        torch.ops.moe_routing.moe_finalize_routing_grad.out(
+        _call(torch.ops.moe_routing.moe_finalize_routing_grad.out,
             *args, numerics=numerics, grad_expanded_x=out[0], grad_scales=out[1],
             grad_bias=out[2] if grad_bias else None)
         return out

@@ -5,10 +5,12 @@ seed article's two examples (torchapi_moe_init_routing_grad.md: manual and autom
 here as written, with `.npu()` / device="npu" dropped."""
 import inspect
 
+import pytest
 import torch
 import torch._dynamo.testing
 
-from moe_routing.ops import moe_init_routing, moe_init_routing_grad
+from moe_routing.ops import (moe_finalize_routing, moe_finalize_routing_grad, moe_init_routing, moe_init_routing_grad,
+                              moe_init_routing_v2)
 from reference import assert_bitwise_equal, grad_reference, v4_reference
 
 _REQUIRED = inspect.Parameter.empty
@@ -75,6 +77,32 @@ def test_x_dtype_is_accepted_as_none_and_refused_otherwise():
             assert f"moe_init_routing: x_dtype must be None" in str(error) and str(code) in str(error)
         else:
             raise AssertionError("x_dtype was accepted")
+
+
+def test_a_scalar_of_the_wrong_type_is_a_value_error_naming_it():
+    # PyTorch's schema refused these with a RuntimeError that printed the whole schema and named
+    # neither the function nor the argument our way.
+    x, expert_idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    calls = [
+        ("moe_init_routing: active_num must be an int, got 2.0",
+         lambda: moe_init_routing(x, expert_idx, active_num=2.0)),
+        ("moe_init_routing: expert_num must be an int, got 4.0",
+         lambda: moe_init_routing(x, expert_idx, expert_num=4.0)),
+        ("moe_init_routing: numerics must be a str, got 3", lambda: moe_init_routing(x, expert_idx, numerics=3)),
+        ("moe_init_routing_v2: active_num must be an int, got 2.0", lambda: moe_init_routing_v2(x, expert_idx, 2.0)),
+        ("moe_init_routing_grad: top_k must be an int, got 2.0", lambda: moe_init_routing_grad(rows, index, 2.0)),
+        ("moe_finalize_routing: k must be an int, got 2.0", lambda: moe_finalize_routing(rows, index, k=2.0)),
+        ("moe_finalize_routing: drop_pad_mode must be an int, got '2'",
+         lambda: moe_finalize_routing(rows, index, k=2, drop_pad_mode="2", out=torch.empty(4, 3))),
+        ("moe_finalize_routing_grad: drop_pad_mode must be an int, got 0.0",
+         lambda: moe_finalize_routing_grad(torch.randn(4, 3), index, drop_pad_mode=0.0)),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            call()
+    with pytest.raises(ValueError, match="^moe_init_routing: expert_num must be an int, got 4.0$"):
+        moe_init_routing(x.requires_grad_(), expert_idx, expert_num=4.0)  # the autograd path too
 
 
 def test_active_num_stays_symbolic_under_compile():

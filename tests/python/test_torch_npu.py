@@ -232,6 +232,8 @@ def test_init_routing_v2_checks():
         f(x, expert_idx, expert_num=4, x_dtype=1)
     with pytest.raises(ValueError, match="npu_moe_init_routing_v2: x must be 2-D"):
         f(x.view(-1), expert_idx, expert_num=4)
+    with pytest.raises(ValueError, match="npu_moe_init_routing_v2: expert_capacity must be an int, got 2.0"):
+        f(x, expert_idx, expert_num=4, drop_pad_mode=1, expert_capacity=2.0)  # was the schema's RuntimeError
 
 
 def test_init_routing_v2_is_differentiable():
