@@ -63,6 +63,16 @@ def check_tensor(function: str, name: str, tensor, dims, dtypes, shape_text: str
         raise ValueError(f"{function}: {name} must be one of {wanted}, got {dtype_name(tensor.dtype)}")
 
 
+def check_device(function: str, tensors: Dict[str, Optional[torch.Tensor]]) -> None:
+    """Every tensor given (None: absent) is on the device of the first: the ports combine them in
+    PyTorch ops of their own (gathers, masks, comparisons) before any operator checks devices."""
+    first_name, first = next(iter(tensors.items()))
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.device != first.device:
+            raise ValueError(f"{function}: {name} must be on {first.device} (the device of {first_name}), got "
+                             f"{tensor.device}")
+
+
 def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     """An int (or SymInt, or a 0-dim integer tensor) >= minimum; floats and bools are refused
     rather than truncated."""

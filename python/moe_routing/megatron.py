@@ -29,13 +29,13 @@ the `ascend_950` numerics. docs/porting.md gives the details and differences.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
 from ._api import moe_init_routing_v2
-from ._port import (FLOAT_DTYPES, INT32_MAX, check_int, check_tensor, first_true, is_compiling, renamed_errors,
-                    sorted_rows, weighted_combine)
+from ._port import (FLOAT_DTYPES, INT32_MAX, check_device, check_int, check_tensor, first_true, is_compiling,
+                    renamed_errors, sorted_rows, weighted_combine)
 
 __all__ = ["permute", "unpermute"]
 
@@ -43,7 +43,8 @@ _MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, to
 
 
 def _check_routing(function: str, routing_map: torch.Tensor, probs: Optional[torch.Tensor],
-                   tokens: Optional[int]) -> None:
+                   tokens: Optional[int], first: Dict[str, torch.Tensor]) -> None:
+    """routing_map and probs, on the device of `first` ({name: tensor}, the function's first input)."""
     check_tensor(function, "routing_map", routing_map, (2,), _MAP_DTYPES, " [num_tokens, num_experts]")
     n, e = routing_map.shape
     if tokens is not None and n != tokens:
@@ -59,6 +60,7 @@ def _check_routing(function: str, routing_map: torch.Tensor, probs: Optional[tor
         if probs.shape != routing_map.shape:
             raise ValueError(f"{function}: probs must have routing_map's shape {list(routing_map.shape)}, got "
                              f"{list(probs.shape)}")
+    check_device(function, {**first, "routing_map": routing_map, "probs": probs})
 
 
 def _sort_keys(routing_map: torch.Tensor, num_out_tokens: int, drop_and_pad: bool) -> Tuple[torch.Tensor, int]:
@@ -144,7 +146,7 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
     """
     function = "permute"
     check_tensor(function, "tokens", tokens, (2,), FLOAT_DTYPES, " [num_tokens, hidden]")
-    _check_routing(function, routing_map, probs, tokens.shape[0])
+    _check_routing(function, routing_map, probs, tokens.shape[0], {"tokens": tokens})
     if num_out_tokens is None:
         raise ValueError(f"{function}: num_out_tokens must be given (Megatron-Core's argsort permute needs it; its "
                          f"dispatchers pass num_tokens * topk or the routed count), got None")
@@ -214,7 +216,8 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
     if pad_offsets is not None:
         raise ValueError(f"{function}: pad_offsets must be None (only Transformer Engine's fused permute pads; "
                          f"moe_routing's permute never does), got a tensor")
-    _check_routing(function, routing_map, probs, None)
+    _check_routing(function, routing_map, probs, None,
+                   {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices})
     n, e = routing_map.shape
     try:
         extents = list(restore_shape)

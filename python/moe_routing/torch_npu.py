@@ -26,8 +26,8 @@ import torch
 
 from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
-from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_int, check_tensor, first_true, int32_index, is_compiling,
-                    position, renamed_errors, sorted_rows, weighted_combine)
+from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_tensor, first_true, int32_index,
+                    is_compiling, position, renamed_errors, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_compute_expert_tokens"]
@@ -59,6 +59,7 @@ def npu_moe_init_routing(x: torch.Tensor, row_idx: torch.Tensor, expert_idx: tor
     check_tensor(function, "x", x, (2,), FLOAT_DTYPES, " [N, H]")
     check_tensor(function, "row_idx", row_idx, (2,), (torch.int32,), " [N, K]")
     check_tensor(function, "expert_idx", expert_idx, (2,), (torch.int32,), " [N, K]")
+    check_device(function, {"x": x, "row_idx": row_idx, "expert_idx": expert_idx})
     if row_idx.shape != expert_idx.shape:
         raise ValueError(f"{function}: row_idx must have expert_idx's shape {list(expert_idx.shape)}, got "
                          f"{list(row_idx.shape)}")
@@ -206,6 +207,7 @@ def npu_moe_token_permute(tokens: torch.Tensor, indices: torch.Tensor, num_out_t
     function = "npu_moe_token_permute"
     check_tensor(function, "tokens", tokens, (2,), FLOAT_DTYPES, " [N, H]")
     check_tensor(function, "indices", indices, (1, 2), INDEX_DTYPES, " [N, K] or [N]")
+    check_device(function, {"tokens": tokens, "indices": indices})
     _check_numerics(function, numerics)
     if indices.shape[0] != tokens.shape[0]:
         raise ValueError(f"{function}: indices must have tokens' {tokens.shape[0]} rows, got {indices.shape[0]}")
@@ -255,6 +257,7 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
         if probs.numel() != sorted_indices.numel():
             raise ValueError(f"{function}: probs must have one entry per pair ({sorted_indices.numel()}, the length "
                              f"of sorted_indices), got {list(probs.shape)}")
+    check_device(function, {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices, "probs": probs})
     if padded_mode:
         raise ValueError(f"{function}: padded_mode must be False (torch_npu's kernel has no padded mode either), "
                          f"got {padded_mode!r}")

@@ -381,6 +381,20 @@ def test_empty_inputs(n, e, h, rows, drop_and_pad):
 def test_errors_name_the_argument():
     tokens, routing_map, probs, num_out_tokens, _ = make_case(0, torch.float32, seed=7)
     permuted, _, sorted_indices, _, _ = permute(tokens, routing_map, probs, num_out_tokens)
+    # The meta device stands in for a second device: probs was gathered with the tokens' index (a
+    # RuntimeError, or silently accepted on meta), sorted_indices compared, and routing_map reported
+    # as the operator's expert_idx.
+    meta = lambda t: t.to("meta")
+    for name, call in (("routing_map", lambda: permute(tokens, meta(routing_map), probs, num_out_tokens)),
+                       ("probs", lambda: permute(tokens, routing_map, meta(probs), num_out_tokens))):
+        with pytest.raises(ValueError, match=rf"^permute: {name} must be on cpu \(the device of tokens\), got meta$"):
+            call()
+    for name, args in (("sorted_indices", (meta(sorted_indices), probs, routing_map)),
+                       ("probs", (sorted_indices, meta(probs), routing_map)),
+                       ("routing_map", (sorted_indices, probs, meta(routing_map)))):
+        with pytest.raises(ValueError, match=rf"^unpermute: {name} must be on cpu \(the device of permuted_tokens\), "
+                                             rf"got meta$"):
+            unpermute(permuted, args[0], tokens.shape, args[1], args[2])
     with pytest.raises(ValueError, match="permute: num_out_tokens must be given"):
         permute(tokens, routing_map, probs)
     with pytest.raises(ValueError, match="permute: num_out_tokens must be >= 0, got -1"):

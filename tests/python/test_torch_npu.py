@@ -554,6 +554,30 @@ def test_token_unpermute_checks():
     assert f(permuted, idx, probs, restore_shape=[2, 3]).shape == (2, 3)  # ignored, as in torch_npu
 
 
+def test_inputs_on_another_device_are_named():
+    """The meta device stands in for a second device. The ports combine these tensors in PyTorch ops
+    of their own before any operator checks devices: the results were RuntimeErrors from those ops
+    (or .item() on a meta tensor) naming no function or argument."""
+    gen = torch.Generator().manual_seed(31)
+    x, expert_idx = routing_case(gen, 4, 2, 3)
+    permuted, sorted_indices = torch_npu.npu_moe_token_permute(x, expert_idx)
+    probs = torch.rand(4, 2)
+    meta = lambda t: t.to("meta")
+    calls = [
+        ("npu_moe_init_routing: row_idx must be on cpu \\(the device of x\\), got meta",
+         lambda: torch_npu.npu_moe_init_routing(x, meta(column_row_idx(4, 2)), expert_idx, 4)),
+        ("npu_moe_token_permute: indices must be on cpu \\(the device of tokens\\), got meta",
+         lambda: torch_npu.npu_moe_token_permute(x, meta(expert_idx))),
+        ("npu_moe_token_unpermute: sorted_indices must be on cpu \\(the device of permuted_tokens\\), got meta",
+         lambda: torch_npu.npu_moe_token_unpermute(permuted, meta(sorted_indices), probs)),
+        ("npu_moe_token_unpermute: probs must be on cpu \\(the device of permuted_tokens\\), got meta",
+         lambda: torch_npu.npu_moe_token_unpermute(permuted, sorted_indices, meta(probs))),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=message):
+            call()
+
+
 def test_empty_inputs():
     """No tokens, or every row cut: empty outputs of the documented shapes, gradients of zeros."""
     x, idx = torch.randn(0, 3, requires_grad=True), torch.zeros(0, 2, dtype=I32)
