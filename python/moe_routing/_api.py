@@ -15,19 +15,22 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
     schema = overload._schema
     values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
     values.update(kwargs)
+    function = schema.name.split("::")[-1]
     for argument in schema.arguments:
-        value = values.get(argument.name)
-        kind = str(argument.type).removeprefix("Optional[").removesuffix("]")
-        if value is None or kind not in ("int", "SymInt", "bool", "str"):
+        if argument.name not in values:
             continue
-        if kind == "str":
-            if not isinstance(value, str):
-                return ValueError(f"{schema.name.split('::')[-1]}: {argument.name} must be a str, got {value!r}")
-            continue
-        try:
-            operator.index(value)
-        except TypeError:
-            return ValueError(f"{schema.name.split('::')[-1]}: {argument.name} must be an int, got {value!r}")
+        value, kind = values[argument.name], str(argument.type)
+        if kind.startswith("Optional["):
+            if value is None:
+                continue
+            kind = kind[len("Optional["):-1]
+        if kind == "str" and not isinstance(value, str):
+            return ValueError(f"{function}: {argument.name} must be a str, got {value!r}")
+        if kind in ("int", "SymInt", "bool"):
+            try:
+                operator.index(value)
+            except TypeError:
+                return ValueError(f"{function}: {argument.name} must be an int, got {value!r}")
     return None
 
 
