@@ -117,9 +117,10 @@ def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: i
     it rejects it rather than reading a wrong row."""
     checked = not is_compiling()
     if checked:
-        # Compared in int64: an int32 tensor compared with a bound outside int32 (num_expert = 2**31)
-        # wraps the bound and flags valid values.
-        wide = index.long()
+        # A bound outside the index's dtype (num_expert = 2**31 for int32 ids) would wrap in the
+        # comparison and flag valid values: compare in int64 then.
+        info = torch.iinfo(index.dtype)
+        wide = index if info.min <= low and high <= info.max else index.long()
         bad = first_true((wide < max(low, INT64_MIN)) | ((wide >= high) if high <= INT64_MAX else False))
         if bad is not None:
             value = int(index.reshape(-1)[bad])
