@@ -26,7 +26,7 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
             kind = kind[len("Optional["):-1]
         if kind == "str" and not isinstance(value, str):
             return ValueError(f"{function}: {argument.name} must be a str, got {value!r}")
-        if kind in ("int", "SymInt", "bool"):
+        if kind in ("int", "SymInt", "bool") and not isinstance(value, torch.dtype):  # PyTorch takes a dtype
             try:
                 operator.index(value)
             except TypeError:
@@ -41,8 +41,12 @@ def _call(op, *args, **kwargs):
         return op(*args, **kwargs)
     try:
         return op(*args, **kwargs)
-    except RuntimeError:
-        refused = _schema_error(op, args, kwargs)
+    except RuntimeError as error:
+        # Only the schema's refusal: the operators' own errors (NotImplementedError is a
+        # RuntimeError) pass unchanged.
+        refused = None
+        if type(error) is RuntimeError and "Expected a value of type" in str(error):
+            refused = _schema_error(op, args, kwargs)
         if refused is None:
             raise
     raise refused
