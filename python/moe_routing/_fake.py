@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._port import dtype_name
+from ._port import check_device, dtype_name
 
 _NUMERICS = ("atlas_a2", "ascend_950")
 _ORDERS = ("tree", "sequential")
@@ -23,10 +23,7 @@ def _check_numerics(op, numerics):
 
 def _check_devices(op, first, **tensors):
     """Every tensor on the device of the operator's first input (the device kernels' rule)."""
-    for name, t in tensors.items():
-        if t is not None and t.device != first.device:
-            raise ValueError(f"{op}: {name} must be on {first.device} (the device of the operator's "
-                             f"first input), got {t.device}")
+    check_device(op, {"the operator's first input": first, **tensors})
 
 
 def _check_out(op, first, outs, expected):
