@@ -7,9 +7,21 @@ from typing import List, Optional, Union
 import torch
 
 
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def _int64(value) -> bool:
+    """value is an int (operator.index) that an int64 holds; a float, str, ... is not."""
+    try:
+        return INT64_MIN <= operator.index(value) <= INT64_MAX
+    except TypeError:
+        return False
+
+
 def _schema_error(op, args, kwargs) -> Optional[ValueError]:
-    """The ValueError for the first scalar argument of op(*args, **kwargs) whose Python type the
-    schema refuses (a float for an int, ...), or None: PyTorch's own message for it is a
+    """The ValueError for the first scalar argument of op(*args, **kwargs) that the schema refuses
+    (a float for an int, an int outside int64, ...), or None: PyTorch's own message for it is a
     RuntimeError listing the whole schema, naming neither function nor argument our way."""
     overload = op.default if isinstance(op, torch._ops.OpOverloadPacket) else op
     schema = overload._schema
@@ -31,14 +43,26 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
                 operator.index(value)
             except TypeError:
                 return ValueError(f"{function}: {argument.name} must be an int, got {value!r}")
+            if kind != "bool" and not _int64(value):  # a bool takes any int: its truth
+                return ValueError(f"{function}: {argument.name} must be an int within int64, got {value!r}")
+        if (kind in ("List[int]", "List[SymInt]") and isinstance(value, (list, tuple))
+                and not all(_int64(v) for v in value)):
+            return ValueError(f"{function}: {argument.name} must be a list of ints within int64, got {value!r}")
     return None
 
 
 def _call(op, *args, **kwargs):
-    """op(*args, **kwargs); a scalar of the wrong Python type is a ValueError naming it (eager only:
-    the check runs after the schema refused the call, so it costs nothing otherwise)."""
+    """op(*args, **kwargs) for the out= overloads (_functional does this for the functional ones):
+    traced as it is under torch.compile, else _eager."""
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
+    return _eager(op, *args, **kwargs)
+
+
+def _eager(op, *args, **kwargs):
+    """op(*args, **kwargs) outside torch.compile; a scalar of the wrong Python type, or an int
+    outside int64, is a ValueError naming it (the check runs only after the schema refused the
+    call, so it costs nothing otherwise)."""
     try:
         return op(*args, **kwargs)
     except RuntimeError as error:
@@ -58,11 +82,13 @@ def _functional(op, *args, **kwargs):
     requires_grad), it runs below the Autograd key: the Python-level autograd kernel that
     torch.library.register_autograd installs would only find nothing to record, at ~3.5 us per call - as much
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
-    if (torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None
+    if torch.compiler.is_compiling():
+        return op(*args, **kwargs)
+    if (torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
-        return _call(op, *args, **kwargs)
+        return _eager(op, *args, **kwargs)
     with torch._C._AutoDispatchBelowAutograd():
-        return _call(op, *args, **kwargs)
+        return _eager(op, *args, **kwargs)
 
 
 def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor, top_k: int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ._port import check_device, dtype_name
+from ._port import INT32_MAX, INT64_MAX, check_device, dtype_name
 
 _NUMERICS = ("atlas_a2", "ascend_950")
 _ORDERS = ("tree", "sequential")
@@ -222,6 +222,9 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
     if drop_pad_mode not in (0, 1):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless, row layout) or 1 (drop-pad, row layout), "
                          f"got {drop_pad_mode}")
+    for name, value in (("active_num", active_num), ("expert_num", expert_num), ("expert_capacity", expert_capacity)):
+        if value < 0:
+            raise ValueError(f"{op}: {name} must be >= 0, got {value}")
     if grad_y.dim() != 2:
         raise ValueError(f"{op}: grad_y must be 2-D [N, H] float16, bfloat16 or float32, got {grad_y.dim()}-D")
     if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
@@ -230,6 +233,18 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
     n, hidden = grad_y.shape
     pairs = expanded_row_idx.shape[0]
     if drop_pad_mode == 1:
+        # The core's rules (src/ops/moe_finalize_routing_grad/meta.cpp), as exact products (Python
+        # ints do not overflow): one expert's C*H slots addressable in bytes even when E = 0 (a
+        # tensor's strides), the E*C slots int32 indices, the whole within int64 bytes.
+        if expert_capacity * hidden * grad_y.element_size() > INT64_MAX:
+            raise ValueError(f"{op}: grad_expanded_x would have more than 2^63 - 1 bytes per expert "
+                             f"(expert_capacity * H), got {expert_capacity} * {hidden}")
+        if expert_num * expert_capacity > INT32_MAX:
+            raise ValueError(f"{op}: expert_num * expert_capacity must be at most 2147483647 (int32 indices), got "
+                             f"{expert_num} * {expert_capacity}")
+        if expert_num * expert_capacity * hidden * grad_y.element_size() > INT64_MAX:
+            raise ValueError(f"{op}: grad_expanded_x would have more than 2^63 - 1 bytes, got "
+                             f"{expert_num * expert_capacity} rows of {hidden}")
         grad_expanded_x = grad_y.new_empty((expert_num, expert_capacity, hidden))
     else:
         # The core's rule (active_num in (0, N*K) cuts the rows), written without a guard on the

@@ -14,12 +14,10 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import moe_finalize_routing, moe_init_routing_v2
+from ._api import INT32_MAX, INT64_MAX, INT64_MIN, moe_finalize_routing, moe_init_routing_v2
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
-INT32_MAX = 2**31 - 1
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 def dtype_name(dtype: torch.dtype) -> str:

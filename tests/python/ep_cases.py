@@ -277,8 +277,51 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     expected = [1] * world if rank != 1 else [2] + [1] * (world - 1)
     out["all_to_all_splits"] = _expect_error(lambda: ep.all_to_all(rows, expected, [1] * world))
     out["all_to_all_arguments"] = _expect_error(lambda: ep.all_to_all(rows, [1] * world, [1] * (world + (rank == 0))))
+    # Rows needing a gradient on rank 0 only: its backward (the reverse exchange) would wait for
+    # the other ranks, which run none.
+    out["all_to_all_requires_grad"] = _expect_error(
+        lambda: ep.all_to_all(rows.clone().requires_grad_(rank == 0), [1] * world, [1] * world))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
+    return out
+
+
+def run_autograd_flags(rank: int, world: int) -> Dict[str, str]:
+    """combine with x1 needing a gradient on rank 0 only: x1's gradient is grad_y on its own rank,
+    no collective, so the call is valid (it once raised "whether the output requires grad must be
+    the same on every rank" everywhere). name -> "ok" or what went wrong on this rank."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 8, generator=g)
+    e = 2 * world
+    idx = torch.randint(0, e, (5, 2), generator=g, dtype=torch.int32)
+    scales = torch.rand(5, 2, generator=g)
+    grad_y = torch.randn(5, 8, generator=g)
+    recv_x, _, handle = ep.dispatch(x, idx, e)
+    out: Dict[str, str] = {}
+
+    def check(experts_train: bool):
+        try:
+            grads = []
+            for x1_needs_grad in (rank == 0, True):  # the flag differing by rank, then the same everywhere
+                x1 = torch.randn(5, 8, generator=torch.Generator().manual_seed(4)).requires_grad_(x1_needs_grad)
+                expert_out = recv_x.clone().requires_grad_(experts_train)
+                y = ep.combine(expert_out, handle, scales=scales, x1=x1)
+                if y.requires_grad:  # the backward's collectives (experts_train) run on every rank
+                    y.backward(grad_y)
+                if x1_needs_grad and not bitwise_equal(x1.grad, grad_y):
+                    return "x1's gradient is not grad_y"
+                grads.append(expert_out.grad)
+            if experts_train and not bitwise_equal(grads[0], grads[1]):
+                return "expert_out's gradient depends on x1.requires_grad"
+            # Still in step with the other ranks: one more exchange.
+            rows, _ = ep.replicate_rows(torch.full((1, 2), float(rank)))
+            return "ok" if bitwise_equal(rows, torch.arange(world, dtype=torch.float32).repeat_interleave(2)
+                                         .view(world, 2)) else "the next exchange returned wrong rows"
+        except Exception as error:  # noqa: BLE001 - reported per case
+            return f"{type(error).__name__}: {error}"
+
+    out["x1_only_here"] = check(experts_train=False)
+    out["x1_only_here_experts_train"] = check(experts_train=True)
     return out
 
 
@@ -451,7 +494,7 @@ def _round_trip(f, rows, rank, world):
 
 def run_world(rank: int, world: int, plan: dict) -> dict:
     """One process of a test launch: every part of `plan` in order (keys: bitwise, training,
-    mismatches, timeouts, data_parallel); returns {part: {name: result}}."""
+    mismatches (with autograd_flags), timeouts, data_parallel); returns {part: {name: result}}."""
     results: dict = {}
     if "bitwise" in plan:
         results["bitwise"] = run_cases(rank, world, plan["bitwise"])
@@ -461,6 +504,7 @@ def run_world(rank: int, world: int, plan: dict) -> dict:
         results["training"] = compare_training(rank, world, plan["training"])
     if plan.get("mismatches"):
         results["mismatches"] = run_mismatches(rank, world)
+        results["autograd_flags"] = run_autograd_flags(rank, world)
     if "data_parallel" in plan:
         results["data_parallel"] = {wrapper: train_with_data_parallel(rank, world, plan["data_parallel"], wrapper)
                                     for wrapper in ("ddp", "fsdp")}

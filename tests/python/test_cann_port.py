@@ -109,6 +109,40 @@ def test_a_scalar_of_the_wrong_type_is_a_value_error_naming_it():
         moe_init_routing(x.requires_grad_(), expert_idx, expert_num=4.0)  # the autograd path too
 
 
+def test_an_int_outside_int64_is_a_value_error_naming_it():
+    # PyTorch's schema refused these with a RuntimeError ("Expected a value of type 'int' ... but
+    # instead found type 'int'") that named neither the function nor the argument our way.
+    x, expert_idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    calls = [
+        ("moe_init_routing: expert_num must be an int within int64, got 1180591620717411303424",
+         lambda: moe_init_routing(x, expert_idx, expert_num=2**70)),
+        ("moe_init_routing: active_num must be an int within int64, got -18446744073709551616",
+         lambda: moe_init_routing(x, expert_idx, expert_num=4, active_num=-2**64)),
+        (rf"moe_init_routing: active_expert_range must be a list of ints within int64, got \[0, {2**70}\]",
+         lambda: moe_init_routing(x, expert_idx, expert_num=4, active_expert_range=[0, 2**70])),
+        ("moe_init_routing_v2: expert_capacity must be an int within int64, got -9223372036854775809",
+         lambda: moe_init_routing_v2(x, expert_idx, 0, -2**63 - 1)),
+        ("moe_init_routing_grad: top_k must be an int within int64, got 18446744073709551616",
+         lambda: moe_init_routing_grad(rows, index, 2**64)),
+        ("moe_finalize_routing: k must be an int within int64, got 9223372036854775808",
+         lambda: moe_finalize_routing(rows, index, k=2**63)),
+        ("moe_finalize_routing: k must be an int within int64, got 9223372036854775808",
+         lambda: moe_finalize_routing(rows, index, k=2**63, out=torch.empty(4, 3))),
+        ("moe_finalize_routing_grad: expert_num must be an int within int64, got 9223372036854775808",
+         lambda: moe_finalize_routing_grad(torch.randn(4, 3), index, drop_pad_mode=1, expert_num=2**63)),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            call()
+    with pytest.raises(ValueError, match="^moe_init_routing: expert_num must be an int within int64, got "):
+        moe_init_routing(x.requires_grad_(), expert_idx, expert_num=2**70)  # the autograd path too
+    # The bounds themselves are int64s: the operator's own checks judge them.
+    with pytest.raises(ValueError, match=r"^moe_finalize_routing: len\(expanded_row_idx\) must be a multiple of K "
+                                         r"\(9223372036854775807\)"):
+        moe_finalize_routing(rows, index, k=2**63 - 1)
+
+
 def test_active_num_stays_symbolic_under_compile():
     # With an `int` active_num torch.compile would specialise on x.shape[0] * K and compile once per
     # token count; as a SymInt one graph serves them all.

@@ -134,6 +134,8 @@ MISMATCHES = {
     "all_to_all_arguments": "all_to_all: input_split_sizes must be ",
     "replicate_rows_operation": "every rank must call the same operation at the same time, got replicate_rows "
                                 "(rank 0), dispatch (rank",
+    "all_to_all_requires_grad": "all_to_all: rows.requires_grad (with grad mode) must be the same on every rank, "
+                                "got True (rank 0), False (rank",
 }
 
 
@@ -144,6 +146,15 @@ def test_mismatch_raises_the_same_error_everywhere(world, name):
     assert all(m == messages[0] for m in messages), f"ranks raised different errors: {messages}"
     assert messages[0].startswith("ValueError: moe_routing.distributed"), messages[0]
     assert MISMATCHES[name] in messages[0], messages[0]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("name", ["x1_only_here", "x1_only_here_experts_train"])
+def test_combine_with_x1_needing_grad_on_some_ranks(world, name):
+    """x1's (and x2's) gradient is grad_y on its own rank, no collective: ranks may differ in
+    x1.requires_grad; the gradients are those with every x1 needing one, the ranks stay in step."""
+    for rank, results in enumerate(_launch(world)):
+        assert results["autograd_flags"][name] == "ok", f"world {world}, rank {rank}: {results['autograd_flags'][name]}"
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -116,6 +116,57 @@ def test_fake_out_variants_check_shapes_like_the_kernels():
                                               out=(torch.empty(6, 4, device="meta"), torch.empty(3, 2, device="meta")))
 
 
+def _error(call):
+    try:
+        call()
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+# (drop_pad_mode, expert_num, expert_capacity, active_num, hidden, dtype): calls the core's shape
+# inference refuses before any data is read.
+REFUSED_GRAD_SHAPES = {
+    # One expert's slots: 2^59 * 8 float32 elements = 2^64 bytes (2^62 elements: the strides fit).
+    "bytes_per_expert_without_experts": (1, 0, 2**59, 0, 8, torch.float32),
+    "bytes_per_expert_bfloat16": (1, 3, 2**60, 0, 4, torch.bfloat16),
+    "int32_slots": (1, 2**20, 2**12, 0, 8, torch.float32),
+    "negative_expert_num": (1, -1, 2, 0, 8, torch.float32),
+    "negative_expert_capacity": (1, 2, -2, 0, 8, torch.float32),
+    "negative_active_num": (0, 0, 0, -3, 8, torch.float32),
+    "negative_expert_num_dropless": (0, -1, 0, 0, 8, torch.float32),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_GRAD_SHAPES))
+def test_fake_grad_refuses_what_the_kernel_refuses(case):
+    """The fake kernel (meta tensors, FakeTensorMode: what torch.compile traces with) refuses the
+    grad's shapes that the eager kernel refuses, with the same message; it once traced them (and
+    for an empty [0, C, H] returned a tensor whose byte strides overflow int64)."""
+    mode, experts, capacity, active, hidden, dtype = REFUSED_GRAD_SHAPES[case]
+    grad_y, index = torch.zeros(4, hidden, dtype=dtype), torch.full((8,), -1, dtype=I32)
+
+    def call(g, i):
+        return lambda: moe_routing.moe_finalize_routing_grad(g, i, drop_pad_mode=mode, active_num=active,
+                                                             expert_num=experts, expert_capacity=capacity)
+
+    eager = _error(call(grad_y, index))
+    assert eager.startswith("moe_finalize_routing_grad: "), eager
+    assert _error(call(grad_y.to("meta"), index.to("meta"))) == eager
+    with torch._subclasses.fake_tensor.FakeTensorMode() as fake:
+        assert _error(call(fake.from_tensor(grad_y), fake.from_tensor(index))) == eager
+
+
+def test_fake_grad_refuses_more_than_int64_bytes():
+    # E*C int32 and C*H bytes within int64, the whole not: a grad_y of 2^31 columns (8 GiB), so
+    # compared with the core's message (meta.cpp) rather than run eagerly.
+    grad_y, index = torch.empty(1, 2**31, device="meta"), torch.full((1,), -1, dtype=I32, device="meta")
+    with pytest.raises(ValueError, match=r"^moe_finalize_routing_grad: grad_expanded_x would have more than "
+                                         r"2\^63 - 1 bytes, got 2147483647 rows of 2147483648$"):
+        moe_routing.moe_finalize_routing_grad(grad_y, index, drop_pad_mode=1, expert_num=2**31 - 1,
+                                              expert_capacity=1)
+
+
 def combine_layer(rows, index, x1, scales, bias, experts, numerics):
     out = moe_routing.moe_finalize_routing(rows * 2.0, index, x1, None, bias, scales, experts, drop_pad_mode=2,
                                            numerics=numerics)

@@ -236,6 +236,22 @@ def test_init_routing_v2_checks():
         f(x, expert_idx, expert_num=4, drop_pad_mode=1, expert_capacity=2.0)  # was the schema's RuntimeError
 
 
+def test_an_int_outside_int64_is_a_value_error_naming_the_function():
+    # Each was PyTorch's schema RuntimeError, from the operator underneath.
+    gen = torch.Generator().manual_seed(6)
+    x, expert_idx = routing_case(gen, 5, 2, 4)
+    f = torch_npu.npu_moe_init_routing_v2
+    with pytest.raises(ValueError, match=f"^npu_moe_init_routing_v2: expert_num must be an int within int64, "
+                                         f"got {2**70}$"):
+        f(x, expert_idx, expert_num=2**70)  # was the schema's RuntimeError
+    with pytest.raises(ValueError, match=f"^npu_moe_compute_expert_tokens: num_expert must be an int within int64, "
+                                         f"got {2**64}$"):
+        torch_npu.npu_moe_compute_expert_tokens(torch.zeros(3, dtype=torch.int32), 2**64)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"^npu_moe_finalize_routing: k must be an int within int64, got {2**63}$"):
+        torch_npu.npu_moe_finalize_routing(rows, None, None, None, None, index, None, k=2**63)
+
+
 def test_init_routing_v2_is_differentiable():
     gen = torch.Generator().manual_seed(7)
     x, expert_idx = routing_case(gen, 6, 3, 5)

@@ -82,16 +82,21 @@ _AGREED_FIELDS = {
                 (14, "expert_out.requires_grad", lambda v: str(bool(v))),
                 (15, "scales.requires_grad", lambda v: str(bool(v))),
                 (16, "bias.requires_grad", lambda v: str(bool(v))),
-                (17, "whether the output requires grad", lambda v: str(bool(v))),
-                (18, "the dispatch the handle comes from (the group's dispatches, counted from 1)", str)],
+                (17, "the dispatch the handle comes from (the group's dispatches, counted from 1)", str)],
 }
+# Autograd flags are agreed exactly where they decide whether a backward runs a collective (which
+# must run on every rank or on none): x's (dispatch), expert_out's, scales' and bias' (combine),
+# rows' (all_to_all). x1's and x2's are not: their gradient is grad_y itself, on their own rank.
 # replicate_rows and all_to_all: the rows' dimensions, sizes after the first and dtype (rows of
 # different byte widths on two ranks make gloo abort the process).
-_AGREED_FIELDS["replicate_rows"] = _AGREED_FIELDS["all_to_all"] = (
+_AGREED_FIELDS["replicate_rows"] = (
     [(6, "rows.dim()", str)]
     + [(7 + i, f"rows.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
     + [(7 + _ROW_SIZES, "the number of elements of a row", str),
        (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))])
+_F_ROWS_REQUIRE_GRAD = 9 + _ROW_SIZES
+_AGREED_FIELDS["all_to_all"] = _AGREED_FIELDS["replicate_rows"] + [
+    (_F_ROWS_REQUIRE_GRAD, "rows.requires_grad (with grad mode)", lambda v: str(bool(v)))]
 
 # Dispatches so far per group name, on this process: every rank of a group makes the same calls in
 # the same order, so a handle's number is the same on every rank exactly when they all pass the
@@ -260,14 +265,17 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
 
     Raises:
         ValueError: bad arguments on any rank, split sizes the ranks disagree on (what rank s sends
-            rank d is not what d expects from s) or rows of different dimensions, sizes after the
-            first or dtypes: the same error on every rank (one agreement exchange first; gloo
+            rank d is not what d expects from s), rows of different dimensions, sizes after the
+            first or dtypes, or rows needing a gradient on some ranks only (the backward is a
+            collective): the same error on every rank (one agreement exchange first; gloo
             otherwise left the unsent rows uninitialised, or aborted the process).
         RuntimeError: the collective failed or timed out (naming the operation and rank).
     """
     comm = Comm(group, "all_to_all")
     op = "moe_routing.distributed.all_to_all"
     fields, error = row_fields("all_to_all", rows)
+    if error is None:  # the backward is the reverse exchange: on every rank or on none
+        fields[_F_ROWS_REQUIRE_GRAD] = int(_requires_grad(rows))
     splits = {}
     for name, given in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
         try:
@@ -690,15 +698,15 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
     except ValueError as failure:
         error = str(failure)
     ok = error is None
+    # What decides whether the backward runs _CombineGrad's collectives (x1's and x2's flags do not).
     needs = (_requires_grad(expert_out), _requires_grad(scales), _requires_grad(bias))
-    out_needs_grad = any(needs) or _requires_grad(x1) or _requires_grad(x2)
     fields = {}
     if ok:
         fields = {6: handle.num_experts, 7: handle.hidden, 8: handle.top_k, 9: _DTYPE_CODES[expert_out.dtype],
                   10: -1 if handle.expert_capacity is None else handle.expert_capacity,
                   11: _NUMERICS_CODES[numerics], 12: 0 if scales is None else _DTYPE_CODES[scales.dtype],
                   13: int(bias is not None), 14: int(needs[0]), 15: int(needs[1]), 16: int(needs[2]),
-                  17: int(out_needs_grad), 18: handle.serial}
+                  17: handle.serial}
     _exchange("combine", comm, fields, error, handle.num_tokens if ok else 0, None)
     return _Combine.apply(expert_out, scales, x1, x2, bias, handle, comm, numerics, needs)
 
