@@ -58,19 +58,29 @@ failures=0
 
 # 1. VEX/EVEX instructions in baseline objects. The mnemonic is the first word after the address;
 #    the VMX/SVM instructions (vmcall, vmxon, verr, ...) also start with 'v' but are not VEX.
-for object in "${baseline[@]}"; do
-  found=$("$OBJDUMP" -d -C --no-show-raw-insn "$object" | awk '
+# find_instructions MODE OBJECT prints up to five "in <function> <instruction>" lines for the
+# instructions MODE forbids: vex, any VEX or EVEX one; evex, any EVEX one. objdump shows the raw
+# bytes (a long instruction's last bytes on a line of their own, without an instruction).
+find_instructions() {
+  "$OBJDUMP" -d -C "$2" | awk -v mode="$1" '
     /^[0-9a-f]+ <.*>:$/ { function_name = substr($0, index($0, " ") + 1); next }
     /^ *[0-9a-f]+:\t/ {
-      split($0, parts, "\t"); instruction = parts[2]; split(instruction, words, " ");
-      mnemonic = words[1];
-      if (mnemonic ~ /^\{(vex|vex3|evex)\}/ ||
-          (mnemonic ~ /^v/ && mnemonic !~ /^(verr|verw|vmcall|vmclear|vmfunc|vmlaunch|vmptrld|vmptrst|vmread|vmresume|vmwrite|vmxoff|vmxon|vmrun|vmload|vmsave|vmmcall)/) ||
-          instruction ~ /%[yz]mm/) {
+      split($0, parts, "\t"); bytes = parts[2]; instruction = parts[3];
+      if (instruction == "") next;
+      split(instruction, words, " "); mnemonic = words[1];
+      evex = bytes ~ /^62 / || instruction ~ /%zmm|%k[0-7]|\{evex\}/;
+      vex = mnemonic ~ /^\{(vex|vex3)\}/ ||
+            (mnemonic ~ /^v/ && mnemonic !~ /^(verr|verw|vmcall|vmclear|vmfunc|vmlaunch|vmptrld|vmptrst|vmread|vmresume|vmwrite|vmxoff|vmxon|vmrun|vmload|vmsave|vmmcall)/) ||
+            instruction ~ /%ymm/;
+      if (mode == "vex" ? (vex || evex) : evex) {
         if (++n <= 5) print "  in " function_name " " instruction
       }
     }
-    END { if (n > 5) print "  ... " n - 5 " more" }')
+    END { if (n > 5) print "  ... " n - 5 " more" }'
+}
+
+for object in "${baseline[@]}"; do
+  found=$(find_instructions vex "$object")
   if [ -n "$found" ]; then
     echo "check_isa: $object is a baseline object but contains VEX/EVEX (AVX) instructions, e.g.:" >&2
     echo "$found" >&2
@@ -80,16 +90,7 @@ done
 
 # 2. EVEX (AVX-512) instructions in AVX2 objects, from the raw bytes as well as the operands.
 for object in ${avx2[@]+"${avx2[@]}"}; do
-  found=$("$OBJDUMP" -d -C "$object" | awk '
-    /^[0-9a-f]+ <.*>:$/ { function_name = substr($0, index($0, " ") + 1); next }
-    /^ *[0-9a-f]+:\t/ {
-      split($0, parts, "\t"); bytes = parts[2]; instruction = parts[3];
-      if (instruction == "") next;  # a continuation line of a long instruction'"'"'s bytes
-      if (bytes ~ /^62 / || instruction ~ /%zmm|%k[0-7]|\{evex\}/) {
-        if (++n <= 5) print "  in " function_name " " instruction
-      }
-    }
-    END { if (n > 5) print "  ... " n - 5 " more" }')
+  found=$(find_instructions evex "$object")
   if [ -n "$found" ]; then
     echo "check_isa: $object is an AVX2 object but contains EVEX (AVX-512) instructions, e.g.:" >&2
     echo "$found" >&2
