@@ -81,9 +81,15 @@ enum class Backend : int32_t {
 };
 
 /// Which CPU instruction set the CPU kernels use. `automatic` picks the best the CPU supports.
-enum class CpuIsa : int32_t { automatic = 0, baseline = 1, avx2 = 2 };
+/// avx2 needs AVX2 and F16C; avx512 AVX-512 F, BW and VL as well (and the OS's support of their
+/// registers): there the combine's kernels (moe_finalize_routing and its grad) run AVX-512 code,
+/// the other operators their AVX2 code. Every level gives the same bits.
+enum class CpuIsa : int32_t { automatic = 0, baseline = 1, avx2 = 2, avx512 = 3 };
 
-/// "automatic", "baseline", "avx2".
+/// Every CPU ISA a build may have, lowest first (what tests and `moe-routing info` walk).
+constexpr CpuIsa kCpuIsas[] = {CpuIsa::baseline, CpuIsa::avx2, CpuIsa::avx512};
+
+/// "automatic", "baseline", "avx2", "avx512".
 const char* cpu_isa_name(CpuIsa isa);
 /// Whether this build contains, and this CPU can run, the given ISA's kernels.
 bool cpu_isa_available(CpuIsa isa);

@@ -34,6 +34,7 @@ const char* cpu_isa_name(CpuIsa isa) {
     case CpuIsa::automatic: return "automatic";
     case CpuIsa::baseline: return "baseline";
     case CpuIsa::avx2: return "avx2";
+    case CpuIsa::avx512: return "avx512";
   }
   return "unknown";
 }
@@ -48,12 +49,26 @@ bool cpu_isa_available(CpuIsa isa) {
 #else
       return false;
 #endif
+    case CpuIsa::avx512:
+#if defined(MOE_ROUTING_HAVE_AVX512)
+      // The builtins count an AVX-512 feature only where the OS saves the opmask and ZMM state
+      // (XCR0), as for AVX2's YMM state.
+      return cpu_isa_available(CpuIsa::avx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+      return false;
+#endif
   }
   return false;
 }
 
 CpuIsa best_cpu_isa() {
-  static const CpuIsa best = cpu_isa_available(CpuIsa::avx2) ? CpuIsa::avx2 : CpuIsa::baseline;
+  static const CpuIsa best = [] {
+    CpuIsa isa = CpuIsa::baseline;
+    for (CpuIsa level : kCpuIsas)
+      if (cpu_isa_available(level)) isa = level;
+    return isa;
+  }();
   return best;
 }
 

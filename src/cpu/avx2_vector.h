@@ -27,6 +27,8 @@ struct Avx2Ops {
     __m256 lo, hi;
   };
   static constexpr int W = 16;
+  /// The alignment (bytes) a destination of the Stream stores needs.
+  static constexpr int kStreamAlign = 32;
 
   static V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static V add(V a, V b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }

@@ -13,6 +13,10 @@
 
 namespace moe_routing::cpu {
 
+/// Whether an operator without code of its own for the resolved ISA runs its AVX2 kernels there:
+/// at avx2 and at avx512, where only the combine's kernels are AVX-512 code.
+inline bool runs_avx2_code(CpuIsa isa) { return isa == CpuIsa::avx2 || isa == CpuIsa::avx512; }
+
 /// The forward routing (both moe_init_routing_v2 and moe_init_routing):
 ///  1. keys: expert id - range start for routed pairs (parallel over positions);
 ///  2. a stable counting sort of the positions (cpu/routing_sort.h);

@@ -110,6 +110,9 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
 #if defined(MOE_ROUTING_HAVE_AVX2)
   if (isa == CpuIsa::avx2) kernel = &avx2::finalize_kernel;
 #endif
+#if defined(MOE_ROUTING_HAVE_AVX512)
+  if (isa == CpuIsa::avx512) kernel = &avx512::finalize_kernel;
+#endif
   detail::parallel_for(N * args.tiles_per_row, threads,
                        [&](int64_t begin, int64_t end) { kernel(args, begin, end); });
 }
@@ -185,6 +188,12 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
   if (isa == CpuIsa::avx2) {
     rows_kernel = &avx2::finalize_grad_rows;
     bias_kernel = &avx2::finalize_grad_bias;
+  }
+#endif
+#if defined(MOE_ROUTING_HAVE_AVX512)
+  if (isa == CpuIsa::avx512) {
+    rows_kernel = &avx512::finalize_grad_rows;
+    bias_kernel = &avx512::finalize_grad_bias;
   }
 #endif
   FinalizeGradKernelArgs args{p, 0, 0, false, false};

@@ -1,5 +1,5 @@
 // Inside the CPU backend of moe_finalize_routing and its grad: what a kernel sees and the kernels,
-// one translation unit per instruction set (finalize_kernel_{baseline,avx2}.cpp, each in the
+// one translation unit per instruction set (finalize_kernel_{baseline,avx2,avx512}.cpp, each in the
 // namespace of its ISA). The launchers (tiling, ISA choice, threads) are finalize_kernel.cpp;
 // cpu_backend.h is the backend's entry point.
 #pragma once
@@ -49,5 +49,11 @@ void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t
 void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end);
 void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
 }  // namespace avx2
+
+namespace avx512 {
+void finalize_kernel(const FinalizeKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+void finalize_grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t row_end);
+void finalize_grad_bias(const FinalizeGradKernelArgs& args, int64_t unit_begin, int64_t unit_end);
+}  // namespace avx512
 
 }  // namespace moe_routing::cpu

@@ -1,8 +1,8 @@
 // The kernels of moe_finalize_routing and its grad, written once over a small register-level
 // vector interface (Ops) and compiled once per instruction set: the including translation unit
-// defines MOE_ROUTING_CPU_ISA (baseline or avx2), and everything here lands in
-// moe_routing::cpu::<isa>, so no function compiled with -mavx2 can be linked into the baseline
-// path.
+// defines MOE_ROUTING_CPU_ISA (baseline, avx2 or avx512), and everything here lands in
+// moe_routing::cpu::<isa>, so no function compiled with -mavx2 or -mavx512f can be linked into
+// another ISA's path.
 //
 // Exactness: vectors run across columns only, so every output element sees exactly the
 // reference's operations in the reference's order (docs/moe_finalize_routing.md); tails use the
@@ -14,7 +14,8 @@
 #pragma once
 
 #if !defined(MOE_ROUTING_CPU_ISA)
-#error "define MOE_ROUTING_CPU_ISA (baseline or avx2) before including cpu/finalize_kernel_impl.h"
+#error \
+    "define MOE_ROUTING_CPU_ISA (baseline, avx2, avx512) before including cpu/finalize_kernel_impl.h"
 #endif
 
 #include <cstdint>
@@ -113,15 +114,16 @@ inline void store_out(typename Tag::storage* p, typename Ops::V v) {
     Ops::template store<Tag, Stream>(p, v);
 }
 
-/// Whether output at p may take the aligned streaming stores (a 32-byte boundary).
-template <class S>
+/// Whether output at p may take Ops' aligned streaming stores (a boundary of Ops::kStreamAlign
+/// bytes: 32 with AVX2, 64 with AVX-512).
+template <class Ops, class S>
 inline bool stream_aligned(const S* p) {
-  return (reinterpret_cast<uintptr_t>(p) % 32) == 0;
+  return (reinterpret_cast<uintptr_t>(p) % Ops::kStreamAlign) == 0;
 }
 
 /// Vectors per full step of the column loops: with AVX2, 64 16-bit columns (two cache lines of
 /// each source) per source row looked up; measured against 2 vectors: 5-30 % less time for the
-/// forward, most where its rows are in the caches.
+/// forward, most where its rows are in the caches. With AVX-512, 128 columns.
 constexpr int kColumnStepVectors = 4;
 
 /// One step of a column loop: U vectors of `O::W` columns with the Ops O, stored with
@@ -136,16 +138,17 @@ struct ColumnStep {
 /// Visits columns [c0, c1) of an output row: `columns(ColumnStep<...>{}, j)` computes and stores
 /// the step's columns at j. Steps of kColumnStepVectors vectors (each source row is looked up
 /// once per step), then one vector, then single columns. Where `stream`, the columns before the
-/// row's first 32-byte boundary go through the cache one at a time, so that the rows of a buffer
-/// that is not 32-byte aligned stream too, and the full steps from there on are non-temporal.
+/// row's first Ops::kStreamAlign boundary go through the cache one at a time, so that the rows
+/// of a buffer that is not so aligned stream too, and the full steps from there on are
+/// non-temporal.
 template <class Ops, class S, class Columns>
 inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, const Columns& columns) {
   constexpr int64_t W = Ops::W, U = kColumnStepVectors;
   int64_t j = c0;
   if (stream) {
     int64_t head = c0;
-    while (head < c1 && head - c0 < 32 && !stream_aligned(out + head)) ++head;
-    if (stream_aligned(out + head)) {  // else the row never reaches a boundary: cached stores
+    while (head < c1 && head - c0 < 32 && !stream_aligned<Ops>(out + head)) ++head;
+    if (stream_aligned<Ops>(out + head)) {  // else the row never reaches a boundary: cached stores
       for (; j < head; ++j) columns(ColumnStep<FinalizeScalarOps, 1, false>{}, j);
       for (; j + U * W <= c1; j += U * W) columns(ColumnStep<Ops, U, true>{}, j);
     }
@@ -515,8 +518,8 @@ float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, Products<typename Tag
 }
 
 /// A row of grad_expanded_x named by one pair (grad_y row `pr.gy` times `scale`) and the pair's
-/// grad_scales in the atlas_a2 order, in one pass over the columns (out 32-byte aligned where
-/// Stream; with `prefetch`, grad_y's lines requested ahead inside the row).
+/// grad_scales in the atlas_a2 order, in one pass over the columns (out Ops::kStreamAlign-aligned
+/// where Stream; with `prefetch`, grad_y's lines requested ahead inside the row).
 template <class Ops, class Tag, bool Stream>
 float scaled_row_and_atlas_a2(const FinalizeRoutingGradProblem& p,
                               Products<typename Tag::storage> pr, float scale,
@@ -607,7 +610,7 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
     // The usual row (one pair) under atlas_a2: its columns and its pair's sum in one pass, where
     // its stores may stream from the row's start (else the general path's head is needed).
     if (n == 1 && p.grad_scales != nullptr && p.tree_order &&
-        (!args.stream_output || stream_aligned(out))) {
+        (!args.stream_output || stream_aligned<Ops>(out))) {
       const int64_t q = pairs[0];
       const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
       const float sum =

@@ -38,7 +38,7 @@ void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, 
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto kernel = &baseline::grad_kernel;
 #if defined(MOE_ROUTING_HAVE_AVX2)
-  if (isa == CpuIsa::avx2) kernel = &avx2::grad_kernel;
+  if (runs_avx2_code(isa)) kernel = &avx2::grad_kernel;
 #endif
   detail::parallel_for(plan.num_rows * args.tiles_per_row, threads,
                        [&](int64_t begin, int64_t end) { kernel(args, begin, end); });

@@ -626,7 +626,7 @@ void moe_init_routing(const RoutingProblem& pr, int requested_threads, CpuIsa is
     });
   }
 
-  const bool avx2 = isa == CpuIsa::avx2;
+  const bool avx2 = runs_avx2_code(isa);
   if (pr.quant_mode == -1 && scatters_rows(pr)) {
     // Plain routing copies each token's row to its (up to K) destinations: x is read once, in
     // order, and every destination row is written whole. dest[p] is pair p's row or -1.

@@ -1,17 +1,17 @@
-// What every per-ISA CPU kernel (grad_kernel_impl.h, finalize_kernel_impl.h, avx2_vector.h) shares:
-// the element types as tags (how a stored element widens to float32, rounds and narrows) and the
-// scalar Ops, the one-float "vector" every vector Ops reproduces lane by lane and the kernels'
-// column tails use.
+// What every per-ISA CPU kernel (grad_kernel_impl.h, finalize_kernel_impl.h, avx2_vector.h,
+// avx512_vector.h) shares: the element types as tags (how a stored element widens to float32,
+// rounds and narrows) and the scalar Ops, the one-float "vector" every vector Ops reproduces
+// lane by lane and the kernels' column tails use.
 //
-// Per ISA: the including translation unit defines MOE_ROUTING_CPU_ISA (baseline, avx2) first and
-// everything here lands in moe_routing::cpu::<isa>, so an out-of-line copy compiled with -mavx2
-// is a symbol of its own that the linker can never hand to the baseline path
+// Per ISA: the including translation unit defines MOE_ROUTING_CPU_ISA (baseline, avx2, avx512)
+// first and everything here lands in moe_routing::cpu::<isa>, so an out-of-line copy compiled
+// with -mavx2 is a symbol of its own that the linker can never hand to the baseline path
 // (docs/ARCHITECTURE.md, "Per-ISA code"). Beyond moe_routing/dtype.h's element conversions,
 // which the tags inline (flatten), it calls nothing that baseline code shares.
 #pragma once
 
 #if !defined(MOE_ROUTING_CPU_ISA)
-#error "define MOE_ROUTING_CPU_ISA (baseline, avx2) before including cpu/scalar_ops.h"
+#error "define MOE_ROUTING_CPU_ISA (baseline, avx2, avx512) before including cpu/scalar_ops.h"
 #endif
 
 #include <cstdint>
@@ -50,6 +50,8 @@ struct Bf16Tag {
 struct ScalarOps {
   using V = float;
   static constexpr int W = 1;
+  /// Scalar stores never stream: any address will do.
+  static constexpr int kStreamAlign = 1;
   static V zero() { return 0.0f; }
   static V add(V a, V b) { return a + b; }
   static V mul(V a, V b) { return a * b; }

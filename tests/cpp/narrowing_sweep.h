@@ -225,5 +225,9 @@ inline void reference_float16(uint32_t first, const float* in, int64_t n, uint16
 /// results in input order) and the canonical-NaN float32 store.
 void avx2_kernel_narrowing(const float* in, int64_t n, uint16_t* float16, uint16_t* bfloat16,
                            uint16_t* bfloat16_store, uint32_t* float32);
+/// The same for the AVX-512 kernels (narrowing_avx512_kernel_copy.cpp; n a multiple of 32,
+/// store_bf16 over 32 columns).
+void avx512_kernel_narrowing(const float* in, int64_t n, uint16_t* float16, uint16_t* bfloat16,
+                             uint16_t* bfloat16_store, uint32_t* float32);
 
 }  // namespace moe_routing::testing

@@ -344,6 +344,33 @@ TEST(CliBench, MachineModeRefusesTheSweepsFlags) {
   EXPECT_EQ(r.out.find("copy (memcpy"), std::string::npos) << r.out;  // measured nothing
 }
 
+TEST(CliBench, IsaPicksTheKernelsLevelAndRefusesOneThisMachineLacks) {
+  TempDir dir;
+  for (CpuIsa isa : kCpuIsas) {
+    const CliResult r =
+        run_cli(dir, {"bench", "--op", "finalize-grad", "--shape", "qwen3-30b", "--tokens", "5",
+                      "--runs", "1", "--verify", "--isa", cpu_isa_name(isa)});
+    if (cpu_isa_available(isa)) {
+      ASSERT_EQ(r.exit_code, 0) << cpu_isa_name(isa) << ": " << r.err;
+      EXPECT_NE(r.out.find(std::string("CPU kernels (") + cpu_isa_name(isa) + ")"),
+                std::string::npos)
+          << r.out;
+      EXPECT_NE(r.out.find("1 of 1 rows bitwise equal to the reference backend"), std::string::npos)
+          << r.out;
+    } else {
+      EXPECT_EQ(r.exit_code, 2) << cpu_isa_name(isa);
+      EXPECT_NE(r.err.find(std::string("--isa must be one this CPU and build run (best: ") +
+                           cpu_isa_name(best_cpu_isa()) + "), got " + cpu_isa_name(isa)),
+                std::string::npos)
+          << r.err;
+    }
+  }
+  const CliResult machine = run_cli(dir, {"bench", "--machine", "--isa", "avx2"});
+  EXPECT_EQ(machine.exit_code, 2);
+  EXPECT_NE(machine.err.find("--isa cannot be combined with --machine"), std::string::npos)
+      << machine.err;
+}
+
 TEST(CliBench, RejectsABadTokenList) {
   TempDir dir;
   const CliResult r = run_cli(dir, {"bench", "--tokens", "4,x"});

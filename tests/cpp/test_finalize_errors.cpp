@@ -49,7 +49,7 @@ TEST(FinalizeErrors, InferNeedsNoOutput) {
 }
 
 TEST(FinalizeErrors, UnavailableIsaIsNotSupported) {
-  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+  for (CpuIsa isa : kCpuIsas) {
     Fixture f;
     ExecConfig config;
     config.isa = isa;

@@ -200,7 +200,7 @@ struct WriteVariant {
 
 std::vector<WriteVariant> write_variants() {
   std::vector<WriteVariant> variants;
-  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2})
+  for (CpuIsa isa : kCpuIsas)
     if (cpu_isa_available(isa))
       for (bool stream : {false, true})
         for (bool huge : {false, true}) variants.push_back({isa, stream, huge});

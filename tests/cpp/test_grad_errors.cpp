@@ -335,7 +335,7 @@ TEST(GradErrors, NullDataIsRejected) {
 TEST(GradErrors, UnavailableIsaIsNotSupported) {
   std::vector<float> grad(2, 1.0f), out(1);
   std::vector<int32_t> idx{0, 1};
-  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+  for (CpuIsa isa : kCpuIsas) {
     ExecConfig config;
     config.isa = isa;
     Status s = moe_init_routing_grad(TensorView(grad.data(), DType::float32, {2, 1}),

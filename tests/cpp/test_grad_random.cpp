@@ -244,7 +244,7 @@ TEST(GradRandom, StreamedRowsWithAbsentAddendsAndEitherOrderAreBitExact) {
         ASSERT_GE(int64_t(c.num_rows * h * 2), int64_t(1) << 20);
         testing::FloatBuffer expected =
             testing::run_grad_case(c, {Backend::reference, CpuIsa::automatic, 1});
-        for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+        for (CpuIsa isa : kCpuIsas) {
           if (!cpu_isa_available(isa)) continue;
           EXPECT_TRUE(
               testing::bitwise_equal(expected, testing::run_grad_case(c, {Backend::cpu, isa, 2})))

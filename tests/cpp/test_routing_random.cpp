@@ -241,7 +241,7 @@ TEST(RoutingRandom, EveryWriteOrderOfExpandedXIsBitExact) {
       c.attrs.active_num = v.active_num;
       ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
       ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
-      for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+      for (CpuIsa isa : kCpuIsas) {
         if (!cpu_isa_available(isa)) continue;
         for (int threads : {1, 2, 5})
           EXPECT_TRUE(

@@ -35,7 +35,7 @@ struct Runner {
 /// a caller workspace).
 inline std::vector<Runner> all_runners() {
   std::vector<Runner> runners{{Backend::reference, CpuIsa::automatic, 1}};
-  for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+  for (CpuIsa isa : kCpuIsas) {
     if (!cpu_isa_available(isa)) continue;
     for (int threads : {1, 2, 3, 8})
       runners.push_back({Backend::cpu, isa, threads, threads == 1 || threads == 3});

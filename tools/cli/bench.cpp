@@ -473,6 +473,8 @@ class BenchCommand : public Command {
                  &verify_);
     p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0,
               kMaxNumThreads);
+    p.add_choice("--isa", "CPU instruction set of the kernels (automatic: the best this CPU has)",
+                 {"automatic", "baseline", "avx2", "avx512"}, &isa_text_);
     p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1,
               1000);
     p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);
@@ -485,8 +487,8 @@ class BenchCommand : public Command {
 
   int run(const ArgParser& parser) override {
     if (machine_)
-      for (const char* flag :
-           {"--op", "--shape", "--tokens", "--dtype", "--order", "--numerics", "--csv", "--verify"})
+      for (const char* flag : {"--op", "--shape", "--tokens", "--dtype", "--order", "--numerics",
+                               "--csv", "--verify", "--isa"})
         if (parser.given(flag))
           return report_error(
               invalid_argument("moe-routing: bench: ", flag,
@@ -512,6 +514,13 @@ class BenchCommand : public Command {
     ExecConfig config;
     config.backend = Backend::cpu;
     config.num_threads = threads;
+    for (CpuIsa isa : kCpuIsas)
+      if (isa_text_ == cpu_isa_name(isa)) config.isa = isa;
+    if (config.isa != CpuIsa::automatic && !cpu_isa_available(config.isa))
+      return report_error(
+          not_supported("moe-routing: bench: ", "--isa must be one this CPU and build run (best: ",
+                        cpu_isa_name(best_cpu_isa()), "), got ", isa_text_));
+    const CpuIsa isa = config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa;
 
     BandwidthMeter meter(threads);
     const bool can_measure_memory = reset_peak_rss();
@@ -807,7 +816,7 @@ class BenchCommand : public Command {
     }
 
     std::printf("moe-routing bench: %s, %d threads, CPU kernels (%s), median of %lld runs\n",
-                dtype_name(dtype), threads, cpu_isa_name(best_cpu_isa()), (long long)runs_);
+                dtype_name(dtype), threads, cpu_isa_name(isa), (long long)runs_);
     std::printf(
         "copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each "
         "row;\n"
@@ -975,6 +984,7 @@ class BenchCommand : public Command {
   }
 
   std::string op_ = "all", shape_ = "all", tokens_text_ = "1,128,1024,4096", dtype_text_ = "bf16";
+  std::string isa_text_ = "automatic";
   std::string order_text_ = "tree", numerics_ = "atlas_a2", csv_;
   int64_t threads_ = 0, runs_ = 7;
   bool machine_ = false, verify_ = false;

@@ -26,7 +26,7 @@ class InfoCommand : public Command {
     std::cout << "cpu isa:         " << cpu_isa_name(best_cpu_isa()) << " (chosen automatically)\n";
     std::cout << "available isas:  ";
     bool first = true;
-    for (CpuIsa isa : {CpuIsa::baseline, CpuIsa::avx2}) {
+    for (CpuIsa isa : kCpuIsas) {
       std::cout << (first ? "" : ", ") << cpu_isa_name(isa)
                 << (cpu_isa_available(isa) ? "" : " (not on this CPU or build)");
       first = false;
