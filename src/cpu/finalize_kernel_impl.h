@@ -523,15 +523,22 @@ float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, Products<typename Tag
 }
 
 /// A row of grad_expanded_x named by one pair (grad_y row `pr.gy` times `scale`) and the pair's
-/// grad_scales in the atlas_a2 order, in one pass over the columns (out Ops::kStreamAlign-aligned
-/// where Stream; with `prefetch`, grad_y's lines requested ahead inside the row).
-template <class Ops, class Tag, bool Stream>
+/// grad_scales in the atlas_a2 order, in one pass over the columns (with `stream`, out
+/// Ops::kStreamAlign-aligned; with `prefetch`, grad_y's lines requested ahead inside the row).
+/// A group streams where its first column is on a boundary too: a chunk need not end on one
+/// (12264 float32 products are 49056 bytes, an odd multiple of 32), and the groups after such a
+/// chunk go through the cache.
+template <class Ops, class Tag>
 float scaled_row_and_atlas_a2(const FinalizeRoutingGradProblem& p,
                               Products<typename Tag::storage> pr, float scale,
-                              typename Tag::storage* out, bool prefetch) {
+                              typename Tag::storage* out, bool stream, bool prefetch) {
   return atlas_a2_order(p, [&](int64_t g0, int64_t n) {
-    return Ops::template scaled_row_and_tree<Tag, Stream>(pr.at(g0), scale, out + g0, n,
-                                                          prefetch ? p.hidden - g0 : 0);
+    const int64_t prefetch_left = prefetch ? p.hidden - g0 : 0;
+    if (stream && stream_aligned<Ops>(out + g0))
+      return Ops::template scaled_row_and_tree<Tag, true>(pr.at(g0), scale, out + g0, n,
+                                                          prefetch_left);
+    return Ops::template scaled_row_and_tree<Tag, false>(pr.at(g0), scale, out + g0, n,
+                                                         prefetch_left);
   });
 }
 
@@ -618,10 +625,8 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
         (!args.stream_output || stream_aligned<Ops>(out))) {
       const int64_t q = pairs[0];
       const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
-      const float sum =
-          args.stream_output
-              ? scaled_row_and_atlas_a2<Ops, Tag, true>(p, products(q), scale, out, args.prefetch)
-              : scaled_row_and_atlas_a2<Ops, Tag, false>(p, products(q), scale, out, args.prefetch);
+      const float sum = scaled_row_and_atlas_a2<Ops, Tag>(p, products(q), scale, out,
+                                                          args.stream_output, args.prefetch);
       store_scale(p.grad_scales, p.scales_dtype, q, sum);
       continue;
     }

@@ -2,7 +2,8 @@
 // a 64-byte boundary, on every ISA against the reference, bit for bit: the streamed column loops
 // begin each row with a cached head up to the ISA's stream alignment (32 bytes with AVX2, 64 with
 // AVX-512), which moves the vector steps against the columns of earlier passes (rows of more than
-// kFinalizeTermsPerPass terms or pairs).
+// kFinalizeTermsPerPass terms or pairs), and the one-pass atlas_a2 grad rows stream from every
+// chunk's start.
 #include <cstring>
 
 #include "finalize_cases.h"
@@ -106,6 +107,23 @@ TEST(FinalizeAlignment, StreamedRowsOfManyPairsMatchTheReference) {
       for (size_t p = 0; p < c.idx.size(); ++p)
         if (p % 4 != 3) c.idx[p] = 1;  // row 1 named by 90 pairs
       expect_grad_matches_at_every_offset(c, describe(d.dtype, Numerics::atlas_a2, h));
+    }
+}
+
+TEST(FinalizeAlignment, StreamedOnePairRowsAcrossChunksMatchTheReference) {
+  // atlas_a2 grad_scales of rows longer than one chunk (12264 float32 products with bias, 19616
+  // 16-bit without): the one-pass rows stream from each chunk's start.
+  testing::StreamingThresholdOverride small(1);
+  testing::Random rng(12264);
+  for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+    for (bool bias : {false, true}) {
+      const int64_t h = d.dtype == DType::float32 ? 16400 : 19700;
+      GradOptions o;
+      o.bias = bias, o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.0;
+      FinalizeGradCase c =
+          testing::make_finalize_grad_case(rng, d.dtype, 0, Numerics::atlas_a2, o, 2, 2, h);
+      expect_grad_matches_at_every_offset(
+          c, describe(d.dtype, Numerics::atlas_a2, h) + (bias ? " bias" : ""));
     }
 }
 
