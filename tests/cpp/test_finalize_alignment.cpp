@@ -22,16 +22,26 @@ using testing::FloatBuffer;
 using testing::GradOptions;
 using testing::GradResult;
 
-/// Storage for `bytes` bytes starting `offset` bytes past a 64-byte boundary, poisoned.
+/// Storage for `bytes` bytes starting `offset` bytes past a 64-byte boundary, poisoned, inside
+/// poisoned margins that a write out of bounds changes (AddressSanitizer cannot see into them).
 class OffsetStorage {
  public:
-  OffsetStorage(size_t bytes, int offset) : storage_(bytes + 128, 0x7f) {
+  OffsetStorage(size_t bytes, int offset) : bytes_(bytes), storage_(bytes + 128, kPoison) {
     const uintptr_t base = reinterpret_cast<uintptr_t>(storage_.data());
     data_ = storage_.data() + ((base + 63) / 64 * 64 - base) + size_t(offset);
   }
   uint8_t* data() { return data_; }
+  /// Whether every byte outside the `bytes` at data() is still the poison.
+  bool margins_untouched() const {
+    const size_t begin = size_t(data_ - storage_.data()), end = begin + bytes_;
+    for (size_t b = 0; b < storage_.size(); ++b)
+      if ((b < begin || b >= end) && storage_[b] != kPoison) return false;
+    return true;
+  }
 
  private:
+  static constexpr uint8_t kPoison = 0x7f;
+  size_t bytes_;
   std::vector<uint8_t> storage_;
   uint8_t* data_ = nullptr;
 };
@@ -43,6 +53,7 @@ FloatBuffer run_finalize_at(FinalizeCase& c, const testing::Runner& runner, int 
   const Status s = moe_finalize_routing(
       c.inputs(), c.attrs, TensorView(storage.data(), c.dtype, {c.N, c.H}), runner.config());
   EXPECT_TRUE(s.is_ok()) << runner.name() << ": " << s.message();
+  EXPECT_TRUE(storage.margins_untouched()) << runner.name() << ": a write outside out";
   if (!out.bytes.empty()) std::memcpy(out.data(), storage.data(), out.bytes.size());
   return out;
 }
@@ -55,6 +66,7 @@ GradResult run_finalize_grad_at(FinalizeGradCase& c, const testing::Runner& runn
   outputs.grad_expanded_x.data = storage.data();
   const Status s = moe_finalize_routing_grad(c.inputs(), c.attrs, outputs, runner.config());
   EXPECT_TRUE(s.is_ok()) << runner.name() << ": " << s.message();
+  EXPECT_TRUE(storage.margins_untouched()) << runner.name() << ": a write outside grad_expanded_x";
   if (!r.grad_expanded_x.bytes.empty())
     std::memcpy(r.grad_expanded_x.data(), storage.data(), r.grad_expanded_x.bytes.size());
   return r;
