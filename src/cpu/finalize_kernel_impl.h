@@ -139,10 +139,14 @@ struct ColumnStep {
 /// the step's columns at j. Steps of kColumnStepVectors vectors (each source row is looked up
 /// once per step), then one vector, then single columns. Where `stream`, the columns before the
 /// row's first Ops::kStreamAlign boundary go through the cache one at a time, so that the rows
-/// of a buffer that is not so aligned stream too, and the full steps from there on are
-/// non-temporal.
+/// of a buffer that is not so aligned stream too, and where also `last` (the pass that stores to
+/// out) the full steps from there on are non-temporal. Every pass over the same columns must
+/// pass the same `stream`: the earlier ones keep their sums in a float buffer, where a vector's
+/// lanes are in the Ops' own order (bfloat16: the even columns, then the odd ones), so each pass
+/// has to cut the columns into the same steps.
 template <class Ops, class S, class Columns>
-inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, const Columns& columns) {
+inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, bool last,
+                          const Columns& columns) {
   constexpr int64_t W = Ops::W, U = kColumnStepVectors;
   int64_t j = c0;
   if (stream) {
@@ -150,7 +154,8 @@ inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, const Col
     while (head < c1 && head - c0 < 32 && !stream_aligned<Ops>(out + head)) ++head;
     if (stream_aligned<Ops>(out + head)) {  // else the row never reaches a boundary: cached stores
       for (; j < head; ++j) columns(ColumnStep<FinalizeScalarOps, 1, false>{}, j);
-      for (; j + U * W <= c1; j += U * W) columns(ColumnStep<Ops, U, true>{}, j);
+      if (last)
+        for (; j + U * W <= c1; j += U * W) columns(ColumnStep<Ops, U, true>{}, j);
     }
   }
   for (; j + U * W <= c1; j += U * W) columns(ColumnStep<Ops, U, false>{}, j);
@@ -302,7 +307,7 @@ void pass_tile(const FinalizeRoutingProblem& p, const Term<typename Kind::Tag::s
                const FinalizeKernelArgs& args) {
   using S = typename Kind::Tag::storage;
   S* out = static_cast<S*>(p.out) + i * p.hidden;
-  visit_columns<Ops>(out, c0, c1, shape.last && args.stream_output, [&](auto step, int64_t j) {
+  visit_columns<Ops>(out, c0, c1, args.stream_output, shape.last, [&](auto step, int64_t j) {
     using Step = decltype(step);
     pass_columns<typename Step::Ops, Kind, Step::kVectors, Step::kStream>(
         p, terms, n, i, j, shape, args.prefetch, buffer, j - c0, out);
@@ -460,7 +465,7 @@ void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, in
                    int64_t c1, typename Tag::storage* out, bool stream_output) {
   using S = typename Tag::storage;
   if (n == 0) {
-    visit_columns<Ops>(out, c0, c1, stream_output, [&](auto step, int64_t j) {
+    visit_columns<Ops>(out, c0, c1, stream_output, true, [&](auto step, int64_t j) {
       using Step = decltype(step);
       using O = typename Step::Ops;
       for (int v = 0; v < Step::kVectors; ++v)
@@ -483,7 +488,7 @@ void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, in
         scales[k] = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
       }
       const PassShape shape{k0 == 0, k0 + m == n};
-      visit_columns<Ops>(out, t0, t1, shape.last && stream_output, [&](auto step, int64_t j) {
+      visit_columns<Ops>(out, t0, t1, stream_output, shape.last, [&](auto step, int64_t j) {
         using Step = decltype(step);
         pairs_columns<typename Step::Ops, Tag, Step::kVectors, Step::kStream>(
             rows, scales, m, j, shape, buffer, j - t0, out);
@@ -518,15 +523,22 @@ float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, Products<typename Tag
 }
 
 /// A row of grad_expanded_x named by one pair (grad_y row `pr.gy` times `scale`) and the pair's
-/// grad_scales in the atlas_a2 order, in one pass over the columns (out Ops::kStreamAlign-aligned
-/// where Stream; with `prefetch`, grad_y's lines requested ahead inside the row).
-template <class Ops, class Tag, bool Stream>
+/// grad_scales in the atlas_a2 order, in one pass over the columns (with `stream`, out
+/// Ops::kStreamAlign-aligned; with `prefetch`, grad_y's lines requested ahead inside the row).
+/// A group streams where its first column is on a boundary too: a chunk need not end on one
+/// (12264 float32 products are 49056 bytes, an odd multiple of 32), and the groups after such a
+/// chunk go through the cache.
+template <class Ops, class Tag>
 float scaled_row_and_atlas_a2(const FinalizeRoutingGradProblem& p,
                               Products<typename Tag::storage> pr, float scale,
-                              typename Tag::storage* out, bool prefetch) {
+                              typename Tag::storage* out, bool stream, bool prefetch) {
   return atlas_a2_order(p, [&](int64_t g0, int64_t n) {
-    return Ops::template scaled_row_and_tree<Tag, Stream>(pr.at(g0), scale, out + g0, n,
-                                                          prefetch ? p.hidden - g0 : 0);
+    const int64_t prefetch_left = prefetch ? p.hidden - g0 : 0;
+    if (stream && stream_aligned<Ops>(out + g0))
+      return Ops::template scaled_row_and_tree<Tag, true>(pr.at(g0), scale, out + g0, n,
+                                                          prefetch_left);
+    return Ops::template scaled_row_and_tree<Tag, false>(pr.at(g0), scale, out + g0, n,
+                                                         prefetch_left);
   });
 }
 
@@ -613,10 +625,8 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
         (!args.stream_output || stream_aligned<Ops>(out))) {
       const int64_t q = pairs[0];
       const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
-      const float sum =
-          args.stream_output
-              ? scaled_row_and_atlas_a2<Ops, Tag, true>(p, products(q), scale, out, args.prefetch)
-              : scaled_row_and_atlas_a2<Ops, Tag, false>(p, products(q), scale, out, args.prefetch);
+      const float sum = scaled_row_and_atlas_a2<Ops, Tag>(p, products(q), scale, out,
+                                                          args.stream_output, args.prefetch);
       store_scale(p.grad_scales, p.scales_dtype, q, sum);
       continue;
     }
