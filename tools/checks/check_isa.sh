@@ -79,24 +79,24 @@ find_instructions() {
     END { if (n > 5) print "  ... " n - 5 " more" }'
 }
 
-for object in "${baseline[@]}"; do
-  found=$(find_instructions vex "$object")
-  if [ -n "$found" ]; then
-    echo "check_isa: $object is a baseline object but contains VEX/EVEX (AVX) instructions, e.g.:" >&2
-    echo "$found" >&2
-    failures=$((failures + 1))
-  fi
-done
+# check_objects MODE WHAT OBJECT...: reports each object holding an instruction MODE forbids.
+check_objects() {
+  local mode=$1 what=$2 object found
+  shift 2
+  for object in "$@"; do
+    found=$(find_instructions "$mode" "$object")
+    if [ -n "$found" ]; then
+      echo "check_isa: $object is $what, e.g.:" >&2
+      echo "$found" >&2
+      failures=$((failures + 1))
+    fi
+  done
+}
+
+check_objects vex "a baseline object but contains VEX/EVEX (AVX) instructions" "${baseline[@]}"
 
 # 2. EVEX (AVX-512) instructions in AVX2 objects, from the raw bytes as well as the operands.
-for object in ${avx2[@]+"${avx2[@]}"}; do
-  found=$(find_instructions evex "$object")
-  if [ -n "$found" ]; then
-    echo "check_isa: $object is an AVX2 object but contains EVEX (AVX-512) instructions, e.g.:" >&2
-    echo "$found" >&2
-    failures=$((failures + 1))
-  fi
-done
+check_objects evex "an AVX2 object but contains EVEX (AVX-512) instructions" ${avx2[@]+"${avx2[@]}"}
 
 # 3. Code symbols defined by objects of two ISAs alike (T: global text, W: weak, i: indirect
 #    function; data symbols such as DW.ref.__gxx_personality_v0 hold no instructions).
