@@ -11,6 +11,7 @@ namespace {
 /// narrowing and grad_scales' trees, whose lanes are in column order (the levels above the
 /// 16-column pair sums in cpu/pair_trees_avx.h).
 struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
+  static_assert(W == kTreeColumns, "one AVX2 vector of 16 columns gives one vector of pair sums");
   template <bool Stream>
   static void store_bf16_half_away(uint16_t* dst, V v) {
     store_bf16<Stream, true>(dst, v);
@@ -34,16 +35,6 @@ struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
     V v = load<Tag>(x + j);
     if (bias != nullptr) v = add(v, load<Tag>(bias + j));
     return pair_sums<Tag>(mul(v, g));
-  }
-  /// The pair sums of Products::lanes for the ragged vector at j (it ends past n or straddles
-  /// `folded`), from the scalar definition.
-  template <class Tag>
-  static __m256 ragged_pairs(const Products<typename Tag::storage>& pr, int64_t j, int64_t n,
-                             int64_t fold, int64_t folded) {
-    alignas(32) float lanes[W];
-    const int64_t f = folded - j;
-    pr.at(j).template lanes<Tag>(n - j < W ? n - j : W, W, fold, f < 0 ? 0 : f, lanes);
-    return natural_pair_sums(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
   }
   /// The adjacent-pair tree of Products::lanes over `count` (64 or 512) lanes, 16 columns per
   /// vector, its first level pair_sums (vertical for bfloat16).

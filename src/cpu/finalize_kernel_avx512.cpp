@@ -13,9 +13,6 @@ namespace {
 /// narrowing and grad_scales' trees. The trees' levels above the pair sums are the AVX2 ones
 /// (cpu/pair_trees_avx.h), on the two 8-float halves of each vector's 16 pair sums.
 struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
-  /// Pair sums are handed to the trees 16 columns per 8-float vector.
-  static constexpr int64_t kTreeColumns = 16;
-
   template <bool Stream>
   static void store_bf16_half_away(uint16_t* dst, V v) {
     store_bf16<Stream, true>(dst, v);
@@ -50,17 +47,6 @@ struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
     V v = load<Tag>(x + j);
     if (bias != nullptr) v = add(v, load<Tag>(bias + j));
     return pair_sums<Tag>(mul(v, g));
-  }
-  /// The pair sums of Products::lanes for the 16 columns at j of a ragged vector (it ends past
-  /// n or straddles `folded`), from the scalar definition.
-  template <class Tag>
-  static __m256 ragged_pairs(const Products<typename Tag::storage>& pr, int64_t j, int64_t n,
-                             int64_t fold, int64_t folded) {
-    alignas(32) float lanes[kTreeColumns];
-    const int64_t f = folded - j;
-    pr.at(j).template lanes<Tag>(n - j < kTreeColumns ? n - j : kTreeColumns, kTreeColumns, fold,
-                                 f < 0 ? 0 : f, lanes);
-    return natural_pair_sums(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
   }
   /// The 16-column pair sums of a ragged vector at j: from the scalar definition, up to n.
   template <class Tag>

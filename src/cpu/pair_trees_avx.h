@@ -14,11 +14,14 @@
 
 #include <cstdint>
 
+#include "cpu/finalize_kernel_impl.h"
 #include "params/finalize_routing_problem.h"
 
 namespace moe_routing::cpu::MOE_ROUTING_CPU_ISA {
 
 struct PairTrees {
+  /// Columns per vector of pair sums: 16 columns give one 8-float vector of adjacent-pair sums.
+  static constexpr int64_t kTreeColumns = 16;
   /// Lane k of the result is the adjacent-pair tree ((v0 + v1) + (v2 + v3)) + ((v4 + v5) +
   /// (v6 + v7)) of vector k's lanes, for 8 vectors: two rounds of hadd sum adjacent pairs within
   /// 128-bit halves, the third adds the halves.
@@ -33,6 +36,17 @@ struct PairTrees {
   /// hadd gives [a01 a23 b01 b23 | a45 a67 b45 b67], the 64-bit permute puts b01 b23 after a67.
   static __m256 natural_pair_sums(__m256 a, __m256 b) {
     return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(a, b)), 0xd8));
+  }
+  /// The pair sums of Products::lanes for the 16 columns at j of a ragged vector (it ends past n
+  /// or straddles `folded`), from the scalar definition.
+  template <class Tag>
+  static __m256 ragged_pairs(const Products<typename Tag::storage>& pr, int64_t j, int64_t n,
+                             int64_t fold, int64_t folded) {
+    alignas(32) float lanes[kTreeColumns];
+    const int64_t f = folded - j;
+    pr.at(j).template lanes<Tag>(n - j < kTreeColumns ? n - j : kTreeColumns, kTreeColumns, fold,
+                                 f < 0 ? 0 : f, lanes);
+    return natural_pair_sums(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
   }
   /// The tree of up to 32 vectors of pair sums (64 or 512 lanes): each 8 become one vector of
   /// 16-column trees (tree8); with 512 lanes the four of those become the four 128-column trees.
