@@ -167,6 +167,29 @@ TEST(CliInfo, ReportsVersionIsaAndThreads) {
   EXPECT_EQ(run_cli(dir, {"info", "--bogus"}).exit_code, 2);
 }
 
+// The variable as the library read it: an invalid value is ignored (the label must not suggest
+// it set the count), a too large one capped.
+TEST(CliInfo, SaysWhenTheThreadVariableIsIgnoredOrCapped) {
+  TempDir dir;
+  for (const char* value : {"abc", "0", "-3", "2x", ""}) {
+    const CliResult r =
+        run_cli(dir, {"info"}, CliOptions{{std::string("MOE_ROUTING_NUM_THREADS=") + value}});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(std::string("(every core; MOE_ROUTING_NUM_THREADS=") + value +
+                         " ignored: not a positive integer)"),
+              std::string::npos)
+        << r.out;
+  }
+  const CliResult big = run_cli(dir, {"info"}, CliOptions{{"MOE_ROUTING_NUM_THREADS=99999"}});
+  EXPECT_NE(big.out.find("default threads: 1024 (MOE_ROUTING_NUM_THREADS=99999 capped at 1024)"),
+            std::string::npos)
+      << big.out;
+  const CliResult max = run_cli(dir, {"info"}, CliOptions{{"MOE_ROUTING_NUM_THREADS=1024"}});
+  EXPECT_NE(max.out.find("default threads: 1024 (MOE_ROUTING_NUM_THREADS=1024)\n"),
+            std::string::npos)
+      << max.out;
+}
+
 // --- demo --------------------------------------------------------------------------------------
 
 TEST(CliDemo, SmallBatchesVerifyBothOperatorsInEveryScenario) {

@@ -481,7 +481,7 @@ class BenchCommand : public Command {
     p.add_switch(
         "--machine",
         "only measure this machine's memory (copy, read, write; the first touch of fresh pages; 1 "
-        "and --threads threads; --runs rounds) and the %copy ceilings it sets for both operators",
+        "and --threads threads; --runs rounds) and the %copy ceilings it sets for every operator",
         &machine_);
   }
 

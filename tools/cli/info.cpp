@@ -1,8 +1,10 @@
 // `moe-routing info`: version, CPU instruction sets and the default thread count.
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "commands.h"
+#include "core/thread_pool.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace moe_routing::cli {
@@ -32,13 +34,22 @@ class InfoCommand : public Command {
       first = false;
     }
     std::cout << '\n';
-    const char* env = std::getenv("MOE_ROUTING_NUM_THREADS");
-    std::cout << "default threads: " << get_num_threads()
-              << (env != nullptr
-                      ? " (MOE_ROUTING_NUM_THREADS=" + std::string(env) + ")"
-                      : std::string(" (every core; set MOE_ROUTING_NUM_THREADS to change)"))
-              << '\n';
+    std::cout << "default threads: " << get_num_threads() << threads_source() << '\n';
     return kExitOk;
+  }
+
+ private:
+  /// Where the default thread count comes from: the variable as the library read it (an
+  /// invalid value is ignored, a large one capped: core/thread_pool.h), or every core.
+  static std::string threads_source() {
+    const char* env = std::getenv("MOE_ROUTING_NUM_THREADS");
+    if (env == nullptr) return " (every core; set MOE_ROUTING_NUM_THREADS to change)";
+    const std::string set = "MOE_ROUTING_NUM_THREADS=" + std::string(env);
+    const int value = detail::num_threads_from_env(env, 0);
+    if (value == 0) return " (every core; " + set + " ignored: not a positive integer)";
+    if (value == kMaxNumThreads && std::strtoll(env, nullptr, 10) != kMaxNumThreads)
+      return " (" + set + " capped at " + std::to_string(kMaxNumThreads) + ")";
+    return " (" + set + ")";
   }
 };
 
