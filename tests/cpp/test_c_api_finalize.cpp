@@ -578,5 +578,34 @@ TEST(CApiFinalizeErrors, MrSetNumericsKeepsACombineExecutorOnFailure) {
   EXPECT_EQ(c_api::live_executors(), 0);
 }
 
+// Fuzzer regression (fuzz/regressions/finalize_threads_for_a_huge_empty_k.bin): with no tokens,
+// scales [0, K] is valid for any K, and the thread count's byte estimate computed K + 2 (UBSan:
+// signed overflow at K = 2^63 - 1) in phase one.
+TEST(CApiFinalize, NoTokensWithAnyK) {
+  float none[1] = {0};
+  int32_t no_index[1] = {0};
+  for (int64_t k : {INT64_MAX, INT64_MAX - 1, int64_t(1) << 62}) {
+    SCOPED_TRACE("K=" + std::to_string(k));
+    MoeFinalizeRoutingInputs in;
+    in.expanded_x = TensorView(none, DType::float32, {0, 4});
+    in.expanded_row_idx = TensorView(no_index, DType::int32, {0});
+    in.scales = TensorView(none, DType::float32, {0, k});
+    MoeFinalizeRoutingAttrs attrs;
+    attrs.drop_pad_mode = 2;
+    const Outcome out = c_forward(in, attrs, TensorView(none, DType::float32, {0, 4}));
+    EXPECT_EQ(out.status, MR_SUCCESS) << out.message;
+    MoeFinalizeRoutingGradInputs grad_in;
+    grad_in.grad_y = TensorView(none, DType::float32, {0, 4});
+    grad_in.expanded_row_idx = in.expanded_row_idx;
+    grad_in.expanded_x = in.expanded_x;
+    grad_in.scales = in.scales;
+    MoeFinalizeRoutingGradOutputs grad_out;
+    grad_out.grad_expanded_x = TensorView(none, DType::float32, {0, 4});
+    grad_out.grad_scales = TensorView(none, DType::float32, {0, k});
+    const Outcome grad = c_grad(grad_in, MoeFinalizeRoutingGradAttrs(), grad_out);
+    EXPECT_EQ(grad.status, MR_SUCCESS) << grad.message;
+  }
+}
+
 }  // namespace
 }  // namespace moe_routing::testing
