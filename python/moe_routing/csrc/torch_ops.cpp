@@ -263,9 +263,25 @@ class Call {
                                 ": tensors must be on the CPU or a CUDA device, got ", device_);
   }
 
-  /// A view of a contiguous tensor. `t` must outlive the view.
+  /// A view of a contiguous tensor. `t` must outlive the view. Its elements must lie within its
+  /// storage: a storage shrunk after the tensor was made (untyped_storage().resize_) leaves a
+  /// tensor whose shape reaches past its memory, which the kernels would read or write out of
+  /// bounds (PyTorch's own operators corrupt the heap there).
   TensorView view(const char* name, const at::Tensor& t) const {
     check_device(name, t);
+    if (t.numel() > 0 && t.has_storage()) {
+      const int64_t item = int64_t(t.element_size());
+      const int64_t storage_bytes = int64_t(t.storage().nbytes());
+      // numel * item is the tensor's bytes (at most the storage's once the check passes); the
+      // offset is compared first, so no product below overflows.
+      TORCH_CHECK_VALUE(t.storage_offset() <= storage_bytes / item &&
+                            t.numel() <= (storage_bytes / item - t.storage_offset()),
+                        op_, ": ", name,
+                        " must lie within its storage (was the storage resized after the tensor "
+                        "was made?), got ",
+                        t.numel(), " elements from element ", t.storage_offset(),
+                        " of a storage of ", storage_bytes, " bytes");
+    }
     TORCH_CHECK_VALUE(t.dim() <= moe_routing::kMaxDims, op_, ": ", name, " must have at most ",
                       moe_routing::kMaxDims, " dimensions, got ", t.dim());
     TensorView v;

@@ -176,6 +176,35 @@ def test_every_out_overload_bumps_the_version_of_what_it_writes(case):
     assert [t._version for t in outs] == [v + 2 for v in before]
 
 
+# ---- a tensor reaching past its storage ---------------------------------------------------------
+# untyped_storage().resize_ shrinks a storage under the tensors viewing it; their shapes then reach
+# past its memory, which a kernel would read or write out of bounds.
+PAST_STORAGE = r"must lie within its storage \(was the storage resized after the tensor was made\?\), got "
+
+
+def shrunk(shape, dtype=torch.float32, keep_bytes=64):
+    t = torch.ones(shape, dtype=dtype)
+    t.untyped_storage().resize_(keep_bytes)
+    return t
+
+
+def test_an_input_past_its_storage_is_refused():
+    with pytest.raises(ValueError, match="moe_init_routing_grad: grad_expanded_x " + PAST_STORAGE):
+        moe_routing.moe_init_routing_grad(shrunk((6, 4096)), torch.arange(6, dtype=torch.int32), 1)
+    x, idx, e = routing_case(h=4096)
+    with pytest.raises(ValueError, match="moe_init_routing: expert_idx " + PAST_STORAGE + "8 elements from"):
+        moe_routing.moe_init_routing(x, shrunk(idx.shape, torch.int32, keep_bytes=28), expert_num=e)
+
+
+def test_an_out_past_its_storage_is_refused_before_anything_is_written():
+    out = torch.zeros(3, 4096)[1:]  # [2, 4096] from element 4096
+    out.untyped_storage().resize_(4 * 4096 + 64)
+    with pytest.raises(ValueError, match="moe_init_routing_grad: grad_x " + PAST_STORAGE + "8192 elements from "
+                                         "element 4096 of a storage of 16448 bytes"):
+        moe_routing.moe_init_routing_grad(torch.randn(4, 4096), torch.arange(4, dtype=torch.int32), 2, out=out)
+    assert not torch.frombuffer(bytearray(out.untyped_storage()[4 * 4096:]), dtype=torch.uint8).any()
+
+
 # ---- item 10: arguments that slipped through -----------------------------------------------------
 
 @pytest.mark.parametrize("bad", [[0.9, 2.9], (1, 2.0), [torch.tensor(1.5), 3], ["0", "2"], [0, 1, 2], [3]])
