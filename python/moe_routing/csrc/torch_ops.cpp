@@ -731,30 +731,41 @@ void moe_finalize_routing_grad_out(const at::Tensor& grad_y, const at::Tensor& e
 /// Autograd kernel of the out= overloads: like PyTorch's own out= operators they are not
 /// differentiable, so with grad mode on, any argument that requires grad (an input, or an out=
 /// tensor such as a leaf parameter that would be overwritten behind autograd's back) is an error
-/// with PyTorch's message. Otherwise the call goes on to the device kernel, and then, as PyTorch's
-/// out= operators do, bumps the version counter of every out= tensor written: a tensor autograd
-/// saved for a backward (expanded_row_idx of a functional forward, say) and overwritten here then
-/// makes that backward raise PyTorch's "modified by an inplace operation" error instead of
-/// silently computing the gradient from the new contents.
+/// with PyTorch's message. Otherwise the call goes on to the device kernel.
 void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                            torch::jit::Stack* stack) {
+  if (at::GradMode::is_enabled()) {
+    const size_t num_args = op.schema().arguments().size();
+    for (auto arg = stack->end() - num_args; arg != stack->end(); ++arg) {
+      if (arg->isTensor() && arg->toTensor().requires_grad()) {
+        const std::string& name = op.schema().name();
+        TORCH_CHECK(false, name.substr(name.find("::") + 2),
+                    "(): functions with out=... arguments don't support automatic "
+                    "differentiation, but one of the arguments requires grad.");
+      }
+    }
+  }
+  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+}
+
+/// ADInplaceOrView kernel of the out= overloads: after the device kernel, bumps the version
+/// counter of every out= tensor written, as PyTorch's out= operators do at this key (so also
+/// under no_grad and, for normal tensors, in inference mode). A tensor autograd saved for a
+/// backward (expanded_row_idx of a functional forward, say) and overwritten here then makes that
+/// backward raise PyTorch's "modified by an inplace operation" error instead of silently
+/// computing the gradient from the new contents.
+void out_overload_bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                torch::jit::Stack* stack) {
   const std::vector<c10::Argument>& arguments = op.schema().arguments();
   const auto first = stack->end() - static_cast<std::ptrdiff_t>(arguments.size());
   std::vector<at::Tensor> written;
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::IValue& arg = first[static_cast<std::ptrdiff_t>(i)];
-    if (!arg.isTensor()) continue;  // None for an optional out= not asked for
-    const at::Tensor& t = arg.toTensor();
-    if (at::GradMode::is_enabled() && t.requires_grad()) {
-      const std::string& name = op.schema().name();
-      TORCH_CHECK(false, name.substr(name.find("::") + 2),
-                  "(): functions with out=... arguments don't support automatic "
-                  "differentiation, but one of the arguments requires grad.");
-    }
     const c10::AliasInfo* alias = arguments[i].alias_info();
-    if (alias != nullptr && alias->isWrite() && t.defined()) written.push_back(t);
+    // None for an optional out= not asked for.
+    if (alias != nullptr && alias->isWrite() && arg.isTensor()) written.push_back(arg.toTensor());
   }
-  op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
   for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
 }
 
@@ -865,6 +876,12 @@ TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }
 // (python/CMakeLists.txt): the core runs CUDA TensorViews on the GPU, bitwise identical to the CPU.
 TORCH_LIBRARY_IMPL(moe_routing, CUDA, m) { register_kernels(m); }
 #endif
+
+TORCH_LIBRARY_IMPL(moe_routing, ADInplaceOrView, m) {
+  for (const char* op : {"moe_init_routing_grad.out", "moe_init_routing.out",
+                         "moe_finalize_routing.out", "moe_finalize_routing_grad.out"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_bump_versions>());
+}
 
 TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {
   m.impl("moe_init_routing_grad.out",

@@ -171,9 +171,11 @@ def test_every_out_overload_bumps_the_version_of_what_it_writes(case):
     before = [t._version for t in outs]
     call(outs)
     assert [t._version for t in outs] == [v + 1 for v in before]
-    with torch.no_grad():  # as PyTorch's in-place operators: no_grad writes are tracked as well
+    with torch.no_grad():  # as PyTorch's in-place operators: no_grad writes are tracked as well,
         call(outs)
-    assert [t._version for t in outs] == [v + 2 for v in before]
+    with torch.inference_mode():  # and so are inference mode's writes into normal tensors
+        call(outs)
+    assert [t._version for t in outs] == [v + 3 for v in before]
 
 
 # ---- a tensor reaching past its storage ---------------------------------------------------------
