@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*)
+from ._port import INT64_MAX, check_int
 
 
 def output_cache_stats() -> dict:
@@ -29,8 +30,11 @@ def output_cache_stats() -> dict:
 
 def set_output_cache_limit(limit_bytes: int) -> None:
     """Keep at most ``limit_bytes`` idle (0: none — every output's memory goes back to the OS when
-    freed, and new outputs come from PyTorch's allocator); what exceeds it is given back now."""
-    torch.ops.moe_routing._set_output_cache_limit(int(limit_bytes))
+    freed, and new outputs come from PyTorch's allocator); what exceeds it is given back now. An int
+    >= 0 (a float, bool or string is refused rather than truncated); one above int64 keeps
+    everything, as int64's largest does."""
+    limit = check_int("set_output_cache_limit", "bytes", limit_bytes, minimum=0)
+    torch.ops.moe_routing._set_output_cache_limit(min(limit, INT64_MAX))
 
 
 def empty_cache() -> None:

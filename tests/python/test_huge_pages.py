@@ -114,6 +114,19 @@ def test_freed_outputs_are_reused_and_the_cache_keeps_within_its_limit(output_ca
         moe_routing.set_output_cache_limit(-1)
 
 
+@pytest.mark.parametrize("bad", [1.7, True, "12", None, 2.0])
+def test_a_limit_that_is_not_an_int_is_refused_not_truncated(output_cache, bad):
+    limit = moe_routing.output_cache_stats()["limit_bytes"]
+    with pytest.raises(ValueError, match=f"set_output_cache_limit: bytes must be an int, got {bad!r}"):
+        moe_routing.set_output_cache_limit(bad)  # before: 1.7 and True set a limit of 1 byte, "12" of 12
+    assert moe_routing.output_cache_stats()["limit_bytes"] == limit
+
+
+def test_a_limit_beyond_int64_keeps_everything(output_cache):
+    moe_routing.set_output_cache_limit(1 << 64)  # before: a RuntimeError about the schema's int
+    assert moe_routing.output_cache_stats()["limit_bytes"] == (1 << 63) - 1
+
+
 def test_an_output_from_the_cache_behaves_as_any_tensor(output_cache):
     x, idx = forward_case()
     expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=16)[0]

@@ -263,9 +263,25 @@ class Call {
                                 ": tensors must be on the CPU or a CUDA device, got ", device_);
   }
 
-  /// A view of a contiguous tensor. `t` must outlive the view.
+  /// A view of a contiguous tensor. `t` must outlive the view. Its elements must lie within its
+  /// storage: a storage shrunk after the tensor was made (untyped_storage().resize_) leaves a
+  /// tensor whose shape reaches past its memory, which the kernels would read or write out of
+  /// bounds (PyTorch's own operators corrupt the heap there).
   TensorView view(const char* name, const at::Tensor& t) const {
     check_device(name, t);
+    if (t.numel() > 0 && t.has_storage()) {
+      const int64_t item = int64_t(t.element_size());
+      const int64_t storage_bytes = int64_t(t.storage().nbytes());
+      // numel * item is the tensor's bytes (at most the storage's once the check passes); the
+      // offset is compared first, so no product below overflows.
+      TORCH_CHECK_VALUE(t.storage_offset() <= storage_bytes / item &&
+                            t.numel() <= (storage_bytes / item - t.storage_offset()),
+                        op_, ": ", name,
+                        " must lie within its storage (was the storage resized after the tensor "
+                        "was made?), got ",
+                        t.numel(), " elements from element ", t.storage_offset(),
+                        " of a storage of ", storage_bytes, " bytes");
+    }
     TORCH_CHECK_VALUE(t.dim() <= moe_routing::kMaxDims, op_, ": ", name, " must have at most ",
                       moe_routing::kMaxDims, " dimensions, got ", t.dim());
     TensorView v;
@@ -732,6 +748,27 @@ void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ke
   op.redispatchBoxed(keys & c10::after_autograd_keyset, stack);
 }
 
+/// ADInplaceOrView kernel of the out= overloads: after the device kernel, bumps the version
+/// counter of every out= tensor written, as PyTorch's out= operators do at this key (so also
+/// under no_grad and, for normal tensors, in inference mode). A tensor autograd saved for a
+/// backward (expanded_row_idx of a functional forward, say) and overwritten here then makes that
+/// backward raise PyTorch's "modified by an inplace operation" error instead of silently
+/// computing the gradient from the new contents.
+void out_overload_bump_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                torch::jit::Stack* stack) {
+  const std::vector<c10::Argument>& arguments = op.schema().arguments();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(arguments.size());
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& arg = first[static_cast<std::ptrdiff_t>(i)];
+    const c10::AliasInfo* alias = arguments[i].alias_info();
+    // None for an optional out= not asked for.
+    if (alias != nullptr && alias->isWrite() && arg.isTensor()) written.push_back(arg.toTensor());
+  }
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
+}
+
 /// The device kernels, the same functions on every device.
 void register_kernels(torch::Library& m) {
   m.impl("moe_init_routing_grad", TORCH_FN(moe_init_routing_grad));
@@ -839,6 +876,12 @@ TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }
 // (python/CMakeLists.txt): the core runs CUDA TensorViews on the GPU, bitwise identical to the CPU.
 TORCH_LIBRARY_IMPL(moe_routing, CUDA, m) { register_kernels(m); }
 #endif
+
+TORCH_LIBRARY_IMPL(moe_routing, ADInplaceOrView, m) {
+  for (const char* op : {"moe_init_routing_grad.out", "moe_init_routing.out",
+                         "moe_finalize_routing.out", "moe_finalize_routing_grad.out"})
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_bump_versions>());
+}
 
 TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {
   m.impl("moe_init_routing_grad.out",

@@ -130,6 +130,83 @@ def test_out_under_no_grad_writes_as_pytorch_does():
     assert torch.equal(leaf.detach(), moe_routing.moe_init_routing_grad(g, idx, 2))
 
 
+# ---- out= into a tensor autograd saved for a backward ----------------------------------------------
+# An out= call writes its tensors in place; as after PyTorch's own out= operators, a backward that
+# saved one of them must then raise rather than compute the gradient from the new contents.
+MODIFIED = "one of the variables needed for gradient computation has been modified by an inplace operation"
+
+
+def test_out_over_a_saved_expanded_row_idx_makes_the_backward_raise():
+    x, idx, e = routing_case()
+    x.requires_grad_()
+    outs = moe_routing.moe_init_routing(x, idx, expert_num=e)  # saves expanded_row_idx (outs[1])
+    weight = torch.arange(outs[0].numel(), dtype=torch.float32).view(outs[0].shape)
+    other = forward_outs(x.detach(), idx.flip(0), e)
+    moe_routing.moe_init_routing(x.detach(), idx.flip(0), expert_num=e, out=(other[0], outs[1]) + other[2:])
+    with pytest.raises(RuntimeError, match=MODIFIED):
+        (outs[0] * weight).sum().backward()  # before: no error, and a gradient of the new routing
+
+
+def out_calls():
+    """(name, call(out tensors), the out tensors) for every out= overload, each out= tensor given."""
+    x, idx, e = routing_case()
+    g, rows = torch.randn(8, 8), torch.randperm(8, generator=torch.Generator().manual_seed(4)).to(torch.int32)
+    scales = torch.rand(4, 2)
+    return [
+        ("moe_init_routing", lambda o: moe_routing.moe_init_routing(x, idx, expert_num=e, out=o),
+         forward_outs(x, idx, e)),
+        ("moe_init_routing_grad", lambda o: moe_routing.moe_init_routing_grad(g, rows, 2, out=o[0]),
+         (torch.empty(4, 8),)),
+        ("moe_finalize_routing", lambda o: moe_routing.moe_finalize_routing(g, rows, scales=scales, out=o[0]),
+         (torch.empty(4, 8),)),
+        ("moe_finalize_routing_grad",
+         lambda o: moe_routing.moe_finalize_routing_grad(torch.randn(4, 8), rows, g, scales, out=o),
+         (torch.empty(8, 8), torch.empty(4, 2))),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4), ids=[c[0] for c in out_calls()])
+def test_every_out_overload_bumps_the_version_of_what_it_writes(case):
+    _, call, outs = out_calls()[case]
+    before = [t._version for t in outs]
+    call(outs)
+    assert [t._version for t in outs] == [v + 1 for v in before]
+    with torch.no_grad():  # as PyTorch's in-place operators: no_grad writes are tracked as well,
+        call(outs)
+    with torch.inference_mode():  # and so are inference mode's writes into normal tensors
+        call(outs)
+    assert [t._version for t in outs] == [v + 3 for v in before]
+
+
+# ---- a tensor reaching past its storage ---------------------------------------------------------
+# untyped_storage().resize_ shrinks a storage under the tensors viewing it; their shapes then reach
+# past its memory, which a kernel would read or write out of bounds.
+PAST_STORAGE = r"must lie within its storage \(was the storage resized after the tensor was made\?\), got "
+
+
+def shrunk(shape, dtype=torch.float32, keep_bytes=64):
+    t = torch.ones(shape, dtype=dtype)
+    t.untyped_storage().resize_(keep_bytes)
+    return t
+
+
+def test_an_input_past_its_storage_is_refused():
+    with pytest.raises(ValueError, match="moe_init_routing_grad: grad_expanded_x " + PAST_STORAGE):
+        moe_routing.moe_init_routing_grad(shrunk((6, 4096)), torch.arange(6, dtype=torch.int32), 1)
+    x, idx, e = routing_case(h=4096)
+    with pytest.raises(ValueError, match="moe_init_routing: expert_idx " + PAST_STORAGE + "8 elements from"):
+        moe_routing.moe_init_routing(x, shrunk(idx.shape, torch.int32, keep_bytes=28), expert_num=e)
+
+
+def test_an_out_past_its_storage_is_refused_before_anything_is_written():
+    out = torch.zeros(3, 4096)[1:]  # [2, 4096] from element 4096
+    out.untyped_storage().resize_(4 * 4096 + 64)
+    with pytest.raises(ValueError, match="moe_init_routing_grad: grad_x " + PAST_STORAGE + "8192 elements from "
+                                         "element 4096 of a storage of 16448 bytes"):
+        moe_routing.moe_init_routing_grad(torch.randn(4, 4096), torch.arange(4, dtype=torch.int32), 2, out=out)
+    assert not torch.frombuffer(bytearray(out.untyped_storage()[4 * 4096:]), dtype=torch.uint8).any()
+
+
 # ---- item 10: arguments that slipped through -----------------------------------------------------
 
 @pytest.mark.parametrize("bad", [[0.9, 2.9], (1, 2.0), [torch.tensor(1.5), 3], ["0", "2"], [0, 1, 2], [3]])
