@@ -5,6 +5,7 @@ import operator
 from typing import List, Optional, Union
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 
 INT32_MAX = 2**31 - 1
@@ -19,15 +20,24 @@ def _int64(value) -> bool:
         return False
 
 
+def _schema(op):
+    """The schema of an operator (its default overload's for a packet)."""
+    return (op.default if isinstance(op, torch._ops.OpOverloadPacket) else op)._schema
+
+
+def _name(op) -> str:
+    """The operator's name without its namespace: "moe_init_routing"."""
+    return _schema(op).name.split("::")[-1]
+
+
 def _schema_error(op, args, kwargs) -> Optional[ValueError]:
     """The ValueError for the first scalar argument of op(*args, **kwargs) that the schema refuses
     (a float for an int, an int outside int64, ...), or None: PyTorch's own message for it is a
     RuntimeError listing the whole schema, naming neither function nor argument our way."""
-    overload = op.default if isinstance(op, torch._ops.OpOverloadPacket) else op
-    schema = overload._schema
+    schema = _schema(op)
     values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
     values.update(kwargs)
-    function = schema.name.split("::")[-1]
+    function = _name(op)
     for argument in schema.arguments:
         if argument.name not in values:
             continue
@@ -71,9 +81,29 @@ def _eager(op, *args, **kwargs):
         refused = None
         if type(error) is RuntimeError and "Expected a value of type" in str(error):
             refused = _schema_error(op, args, kwargs)
+        elif type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
+            refused = NotImplementedError(
+                f"{_name(op)}: torch.func's differentiating transforms (grad, vjp, jacrev, jacfwd, jvp) are not "
+                "supported, got an input they differentiate (PyTorch's autograd of custom operators cannot run "
+                "under them); differentiate with torch.autograd (backward, torch.autograd.grad); torch.func.vmap "
+                "is supported")
         if refused is None:
             raise
     raise refused
+
+
+def _refuse_forward_ad(op, args):
+    """Forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is refused: the operators
+    have no forward derivative, and PyTorch's kernel for custom operators runs them on the primal
+    alone, so the tangent was silently dropped (jvp returned zeros, a dual output had none)."""
+    if _forward_ad._current_level < 0:  # no dual level is open: nothing to check
+        return
+    if any(isinstance(a, torch.Tensor) and _forward_ad.unpack_dual(a).tangent is not None
+           for a in args):
+        raise NotImplementedError(
+            f"{_name(op)}: forward-mode AD (torch.func.jvp, jacfwd, "
+            "torch.autograd.forward_ad) is not supported, got an input with a tangent; differentiate in reverse "
+            "mode with torch.autograd (backward, torch.autograd.grad)")
 
 
 def _functional(op, *args, **kwargs):
@@ -84,6 +114,7 @@ def _functional(op, *args, **kwargs):
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
+    _refuse_forward_ad(op, args)
     if (torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
         return _eager(op, *args, **kwargs)
