@@ -123,7 +123,8 @@ def _functional(op, *args, **kwargs):
 
 
 def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor, top_k: int,
-                          drop_pad_mode: int = 0, active_num: int = 0, *, numerics: str = "atlas_a2",
+                          drop_pad_mode: int = 0, active_num: Union[int, torch.SymInt] = 0, *,
+                          numerics: str = "atlas_a2",
                           order: Optional[str] = None, out=None) -> torch.Tensor:
     """Backward of moe_init_routing: grad_x[i] = sum_t grad_expanded_x[expanded_row_idx[i*top_k + t]].
 
@@ -134,7 +135,7 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
             in the active scenario values >= active_num are skipped too.
         top_k: K > 0.
         drop_pad_mode: 0 (dropless/active) or 1 (drop-pad).
-        active_num: >= 0; with drop_pad_mode=0, > 0 selects the active scenario.
+        active_num: >= 0; with drop_pad_mode=0, > 0 selects the active scenario. An int or a SymInt.
         numerics: "atlas_a2" (default; Atlas A2/A3: the tree float32 order) or "ascend_950"
             (Ascend 950: the sequential order).
         order: None (the order numerics implies), or "tree" / "sequential" to override it.
@@ -156,7 +157,7 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
                        drop_pad_mode, active_num, numerics=numerics, order=order)
 
 
-def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: int = 0,
+def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: Union[int, torch.SymInt] = 0,
                         expert_capacity: int = 0, expert_num: int = 0, drop_pad_mode: int = 0,
                         expert_tokens_count_or_cumsum_flag: int = 0,
                         expert_tokens_before_capacity_flag: bool = False, *, numerics: str = "atlas_a2"):
@@ -165,7 +166,8 @@ def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: i
     Args:
         x: [N, H] float32/float16/bfloat16.
         expert_idx: [N, K] int32; ids >= 0 (and < expert_num when counts or drop-pad use it).
-        active_num: 0 keeps all N*K sorted rows; A > 0 keeps the first min(A, N*K) (dropless).
+        active_num: 0 keeps all N*K sorted rows; A > 0 keeps the first min(A, N*K) (dropless). An
+            int or a SymInt (torch.compile keeps it symbolic).
         expert_capacity: C, slots per expert (drop_pad_mode=1; 1 <= C <= N).
         expert_num: E (drop_pad_mode=1, or when counts are requested).
         drop_pad_mode: 0 dropless, 1 drop-pad.

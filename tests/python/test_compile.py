@@ -284,3 +284,31 @@ def test_compiled_backward_keeps_the_forward_numerics():
         assert torch.equal(eager_x.grad.view(torch.int32), compiled_x.grad.view(torch.int32)), numerics
         grads[numerics] = eager_x.grad
     assert not torch.equal(grads["atlas_a2"].view(torch.int32), grads["ascend_950"].view(torch.int32))
+
+
+def test_symbolic_active_num_keeps_one_graph():
+    # moe_init_routing_v2 and moe_init_routing_grad took active_num as a plain int: a symbolic one
+    # (x.shape[0] * K) was specialised to its value, so the token dimension marked dynamic gave a
+    # ConstraintViolationError (and dynamic=True a recompile per token count).
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def route_and_combine(x, idx):
+        expanded_x, eri, _, _ = moe_routing.moe_init_routing_v2(x, idx, x.shape[0] * 2 - 1, expert_num=4)
+        return moe_routing.moe_init_routing_grad(expanded_x, eri, 2, 0, x.shape[0] * 2 - 1)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(route_and_combine, fullgraph=True, backend=counter)
+    gen = torch.Generator().manual_seed(11)
+    for n in (5, 7):
+        x = torch.randn(n, 3, generator=gen)
+        idx = torch.randint(0, 4, (n, 2), generator=gen, dtype=torch.int32)
+        eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        eager = route_and_combine(eager_x, idx)
+        eager.sum().backward()
+        torch._dynamo.mark_dynamic(compiled_x, 0)
+        torch._dynamo.mark_dynamic(idx, 0)
+        got = compiled(compiled_x, idx)
+        got.sum().backward()
+        assert torch.equal(eager, got) and torch.equal(eager_x.grad, compiled_x.grad)
+    assert counter.frame_count == 1

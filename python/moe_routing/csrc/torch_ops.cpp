@@ -755,10 +755,11 @@ void register_kernels(torch::Library& m) {
 TORCH_LIBRARY(moe_routing, m) {
   m.def(
       "moe_init_routing_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
-      "int drop_pad_mode=0, int active_num=0, *, str numerics=\"atlas_a2\", str? order=None) "
+      "int drop_pad_mode=0, SymInt active_num=0, *, str numerics=\"atlas_a2\", str? order=None) "
       "-> Tensor");
   m.def(
-      "moe_init_routing_v2(Tensor x, Tensor expert_idx, int active_num=0, int expert_capacity=0, "
+      "moe_init_routing_v2(Tensor x, Tensor expert_idx, SymInt active_num=0, int "
+      "expert_capacity=0, "
       "int expert_num=0, int drop_pad_mode=0, int expert_tokens_count_or_cumsum_flag=0, "
       "bool expert_tokens_before_capacity_flag=False, *, str numerics=\"atlas_a2\") "
       "-> (Tensor, Tensor, Tensor, Tensor)");
@@ -774,7 +775,7 @@ TORCH_LIBRARY(moe_routing, m) {
   // mutating custom operators.
   m.def(
       "moe_init_routing_grad.out(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
-      "int drop_pad_mode=0, int active_num=0, *, str numerics=\"atlas_a2\", str? order=None, "
+      "int drop_pad_mode=0, SymInt active_num=0, *, str numerics=\"atlas_a2\", str? order=None, "
       "Tensor(a!) out) -> ()");
   m.def(
       "moe_init_routing.out(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, "
