@@ -26,19 +26,16 @@ def _check_devices(op, first, **tensors):
     check_device(op, {"the operator's first input": first, **tensors})
 
 
-# The binding's first check of each tensor (its Call::view): a dtype the core has; refused ones are
-# named as c10 prints them.
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _CORE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int32, torch.int64)
-_C10_NAMES = {torch.float64: "Double", torch.bool: "Bool", torch.uint8: "Byte", torch.int16: "Short",
-              torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
 
 
 def _check_core_dtypes(op, **tensors):
+    """The binding's first check of each tensor (its Call::view): a dtype the core has."""
     for name, t in tensors.items():
         if t is not None and t.dtype not in _CORE_DTYPES:
             raise ValueError(f"{op}: {name} must have a dtype among float32, float16, bfloat16, int8, int32, int64, "
-                             f"got {_C10_NAMES.get(t.dtype, dtype_name(t.dtype))}")
+                             f"got {dtype_name(t.dtype)}")
 
 
 def _describe(t):
@@ -54,7 +51,7 @@ def _check_out(op, first, outs, expected):
         if out.shape != want.shape or out.dtype != want.dtype:
             raise ValueError(f"{op}: out {name} must be a contiguous {dtype_name(want.dtype)} tensor of shape "
                              f"{list(want.shape)} on {first.device} (the device of the operator's first "
-                             f"input), got {out.dtype} {list(out.shape)} on {out.device}")
+                             f"input), got {dtype_name(out.dtype)} {list(out.shape)} on {out.device}")
 
 
 @torch.library.register_fake("moe_routing::moe_init_routing_grad")

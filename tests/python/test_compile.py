@@ -178,6 +178,23 @@ def test_fake_refuses_as_eager(name, args, kwargs):
     assert_fake_error_equals_eager_error(name, args, kwargs)
 
 
+def test_out_errors_name_dtypes_as_python_does_on_fake_and_real_tensors():
+    # The kernels named dtypes as c10 prints them ("got Half [4, 6]", "got Double"), the fake
+    # functions as Python does ("torch.float16"); both now say float16 / float64.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    g = torch.randn(12, 6)
+    eri = torch.randperm(12).to(torch.int32)
+    for out, text in ((torch.empty(4, 6, dtype=torch.float16), "got float16 [4, 6] on cpu"),
+                      (torch.empty(3, 6), "got float32 [3, 6] on cpu")):
+        eager = _error(lambda: ops.moe_init_routing_grad.out(g, eri, 3, out=out))
+        assert eager[0] is ValueError and eager[1].endswith(text), eager
+        with FakeTensorMode() as mode:
+            fake_g, fake_eri, fake_out = (mode.from_tensor(t) for t in (g, eri, out))
+            assert _error(lambda: ops.moe_init_routing_grad.out(fake_g, fake_eri, 3, out=fake_out)) == eager
+    with pytest.raises(ValueError, match=r"grad_expanded_x must have a dtype among .*, got float64$"):
+        moe_routing.moe_init_routing_grad(g.double(), eri, 3)
+
+
 def test_compiled_call_reports_the_eager_error_at_trace_time():
     # drop_pad_mode=1 without expert_capacity: torch.compile used to stop with "Trying to create
     # tensor with negative dimension -1" from the fake function instead of the operator's message.

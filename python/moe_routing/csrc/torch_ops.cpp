@@ -49,6 +49,12 @@ void raise_if_error(const Status& status) {
   }
 }
 
+/// A torch dtype as messages name it: "float32", "float64" (torch.float64 in Python), not c10's
+/// "Float" / "Double".
+std::string dtype_text(at::ScalarType dtype) {
+  return std::string(c10::getDtypeNames(dtype).first);
+}
+
 /// The core dtype of a torch dtype; unsupported ones get the core's message format.
 DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -62,7 +68,7 @@ DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
       TORCH_CHECK_VALUE(
           false, op, ": ", name,
           " must have a dtype among float32, float16, bfloat16, int8, int32, int64, got ",
-          t.scalar_type());
+          dtype_text(t.scalar_type()));
   }
 }
 
@@ -301,7 +307,7 @@ class Call {
                       op_, ": out ", name, " must be a contiguous ",
                       moe_routing::dtype_name(core_type), " tensor of shape ", shape, " on ",
                       device_, " (the device of the operator's first input), got ",
-                      out->scalar_type(), " ", out->sizes(),
+                      dtype_text(out->scalar_type()), " ", out->sizes(),
                       out->is_contiguous() ? "" : " (non-contiguous)", " on ", out->device());
     return *out;
   }
