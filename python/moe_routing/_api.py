@@ -5,6 +5,7 @@ import operator
 from typing import List, Optional, Union
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 
 INT32_MAX = 2**31 - 1
@@ -19,15 +20,24 @@ def _int64(value) -> bool:
         return False
 
 
+def _schema(op):
+    """The schema of an operator (its default overload's for a packet)."""
+    return (op.default if isinstance(op, torch._ops.OpOverloadPacket) else op)._schema
+
+
+def _name(op) -> str:
+    """The operator's name without its namespace: "moe_init_routing"."""
+    return _schema(op).name.split("::")[-1]
+
+
 def _schema_error(op, args, kwargs) -> Optional[ValueError]:
     """The ValueError for the first scalar argument of op(*args, **kwargs) that the schema refuses
     (a float for an int, an int outside int64, ...), or None: PyTorch's own message for it is a
     RuntimeError listing the whole schema, naming neither function nor argument our way."""
-    overload = op.default if isinstance(op, torch._ops.OpOverloadPacket) else op
-    schema = overload._schema
+    schema = _schema(op)
     values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
     values.update(kwargs)
-    function = schema.name.split("::")[-1]
+    function = _name(op)
     for argument in schema.arguments:
         if argument.name not in values:
             continue
@@ -71,9 +81,29 @@ def _eager(op, *args, **kwargs):
         refused = None
         if type(error) is RuntimeError and "Expected a value of type" in str(error):
             refused = _schema_error(op, args, kwargs)
+        elif type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
+            refused = NotImplementedError(
+                f"{_name(op)}: torch.func's differentiating transforms (grad, vjp, jacrev, jacfwd, jvp) are not "
+                "supported, got an input they differentiate (PyTorch's autograd of custom operators cannot run "
+                "under them); differentiate with torch.autograd (backward, torch.autograd.grad); torch.func.vmap "
+                "is supported")
         if refused is None:
             raise
     raise refused
+
+
+def _refuse_forward_ad(op, args):
+    """Forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is refused: the operators
+    have no forward derivative, and PyTorch's kernel for custom operators runs them on the primal
+    alone, so the tangent was silently dropped (jvp returned zeros, a dual output had none)."""
+    if _forward_ad._current_level < 0:  # no dual level is open: nothing to check
+        return
+    if any(isinstance(a, torch.Tensor) and _forward_ad.unpack_dual(a).tangent is not None
+           for a in args):
+        raise NotImplementedError(
+            f"{_name(op)}: forward-mode AD (torch.func.jvp, jacfwd, "
+            "torch.autograd.forward_ad) is not supported, got an input with a tangent; differentiate in reverse "
+            "mode with torch.autograd (backward, torch.autograd.grad)")
 
 
 def _functional(op, *args, **kwargs):
@@ -84,6 +114,7 @@ def _functional(op, *args, **kwargs):
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
+    _refuse_forward_ad(op, args)
     if (torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
         return _eager(op, *args, **kwargs)
@@ -92,7 +123,8 @@ def _functional(op, *args, **kwargs):
 
 
 def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch.Tensor, top_k: int,
-                          drop_pad_mode: int = 0, active_num: int = 0, *, numerics: str = "atlas_a2",
+                          drop_pad_mode: int = 0, active_num: Union[int, torch.SymInt] = 0, *,
+                          numerics: str = "atlas_a2",
                           order: Optional[str] = None, out=None) -> torch.Tensor:
     """Backward of moe_init_routing: grad_x[i] = sum_t grad_expanded_x[expanded_row_idx[i*top_k + t]].
 
@@ -103,7 +135,7 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
             in the active scenario values >= active_num are skipped too.
         top_k: K > 0.
         drop_pad_mode: 0 (dropless/active) or 1 (drop-pad).
-        active_num: >= 0; with drop_pad_mode=0, > 0 selects the active scenario.
+        active_num: >= 0; with drop_pad_mode=0, > 0 selects the active scenario. An int or a SymInt.
         numerics: "atlas_a2" (default; Atlas A2/A3: the tree float32 order) or "ascend_950"
             (Ascend 950: the sequential order).
         order: None (the order numerics implies), or "tree" / "sequential" to override it.
@@ -125,7 +157,7 @@ def moe_init_routing_grad(grad_expanded_x: torch.Tensor, expanded_row_idx: torch
                        drop_pad_mode, active_num, numerics=numerics, order=order)
 
 
-def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: int = 0,
+def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: Union[int, torch.SymInt] = 0,
                         expert_capacity: int = 0, expert_num: int = 0, drop_pad_mode: int = 0,
                         expert_tokens_count_or_cumsum_flag: int = 0,
                         expert_tokens_before_capacity_flag: bool = False, *, numerics: str = "atlas_a2"):
@@ -134,7 +166,8 @@ def moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, active_num: i
     Args:
         x: [N, H] float32/float16/bfloat16.
         expert_idx: [N, K] int32; ids >= 0 (and < expert_num when counts or drop-pad use it).
-        active_num: 0 keeps all N*K sorted rows; A > 0 keeps the first min(A, N*K) (dropless).
+        active_num: 0 keeps all N*K sorted rows; A > 0 keeps the first min(A, N*K) (dropless). An
+            int or a SymInt (torch.compile keeps it symbolic).
         expert_capacity: C, slots per expert (drop_pad_mode=1; 1 <= C <= N).
         expert_num: E (drop_pad_mode=1, or when counts are requested).
         drop_pad_mode: 0 dropless, 1 drop-pad.

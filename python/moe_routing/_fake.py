@@ -26,6 +26,23 @@ def _check_devices(op, first, **tensors):
     check_device(op, {"the operator's first input": first, **tensors})
 
 
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_CORE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int32, torch.int64)
+
+
+def _check_core_dtypes(op, **tensors):
+    """The binding's first check of each tensor (its Call::view): a dtype the core has."""
+    for name, t in tensors.items():
+        if t is not None and t.dtype not in _CORE_DTYPES:
+            raise ValueError(f"{op}: {name} must have a dtype among float32, float16, bfloat16, int8, int32, int64, "
+                             f"got {dtype_name(t.dtype)}")
+
+
+def _describe(t):
+    """A tensor as the core's messages describe it: "2-D float32 [10, 4]"."""
+    return f"{t.dim()}-D {dtype_name(t.dtype)} {list(t.shape)}"
+
+
 def _check_out(op, first, outs, expected):
     """out= tensors: exactly what the functional operator returns, on its device (contiguous is
     not a property fake tensors track reliably, so the device kernel checks that)."""
@@ -34,42 +51,81 @@ def _check_out(op, first, outs, expected):
         if out.shape != want.shape or out.dtype != want.dtype:
             raise ValueError(f"{op}: out {name} must be a contiguous {dtype_name(want.dtype)} tensor of shape "
                              f"{list(want.shape)} on {first.device} (the device of the operator's first "
-                             f"input), got {out.dtype} {list(out.shape)} on {out.device}")
+                             f"input), got {dtype_name(out.dtype)} {list(out.shape)} on {out.device}")
 
 
 @torch.library.register_fake("moe_routing::moe_init_routing_grad")
 def _moe_init_routing_grad_fake(grad_expanded_x, expanded_row_idx, top_k, drop_pad_mode=0,
                                 active_num=0, *, numerics="atlas_a2", order=None):
     op = "moe_init_routing_grad"
+    # The binding's checks (devices, numerics, order, dtypes), then the core's
+    # (src/ops/moe_init_routing_grad/meta.cpp), in their order and words.
     _check_devices(op, grad_expanded_x, expanded_row_idx=expanded_row_idx)
     _check_numerics(op, numerics)
     if order is not None and order not in _ORDERS:
         raise ValueError(f'{op}: order must be "tree" or "sequential", got "{order}"')
-    if top_k <= 0:
-        raise ValueError(f"{op}: top_k must be > 0, got {top_k}")
+    _check_core_dtypes(op, grad_expanded_x=grad_expanded_x, expanded_row_idx=expanded_row_idx)
     if drop_pad_mode not in (0, 1):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless/active) or 1 (drop-pad), got {drop_pad_mode}")
-    expected_dim = 3 if drop_pad_mode == 1 else 2
-    if grad_expanded_x.dim() != expected_dim:
-        raise ValueError(f"{op}: grad_expanded_x must be {expected_dim}-D when drop_pad_mode={drop_pad_mode}, "
-                         f"got {grad_expanded_x.dim()}-D")
+    if top_k <= 0:
+        raise ValueError(f"{op}: top_k must be > 0, got {top_k}")
+    if active_num < 0:
+        raise ValueError(f"{op}: active_num must be >= 0, got {active_num}")
+    if drop_pad_mode == 0 and grad_expanded_x.dim() != 2:
+        raise ValueError(f"{op}: grad_expanded_x must be 2-D [rows, H] when drop_pad_mode=0, got "
+                         f"{_describe(grad_expanded_x)}")
+    if drop_pad_mode == 1 and grad_expanded_x.dim() != 3:
+        raise ValueError(f"{op}: grad_expanded_x must be 3-D [E, C, H] when drop_pad_mode=1, got "
+                         f"{_describe(grad_expanded_x)}")
+    if grad_expanded_x.dtype not in _FLOATS:
+        raise ValueError(f"{op}: grad_expanded_x must be float16, bfloat16 or float32, got "
+                         f"{dtype_name(grad_expanded_x.dtype)}")
     if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
-        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {expanded_row_idx.dim()}-D "
-                         f"{expanded_row_idx.dtype}")
+        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {_describe(expanded_row_idx)}")
     hidden = grad_expanded_x.shape[-1]
     num_rows = expanded_row_idx.shape[0] // top_k
     return grad_expanded_x.new_empty((num_rows, hidden))
 
 
 def _check_routing_inputs(op, x, expert_idx, numerics, **optional):
+    """What the binding checks before the core's shape inference: devices, numerics, dtypes."""
     _check_devices(op, x, expert_idx=expert_idx, **optional)
     _check_numerics(op, numerics)
+    _check_core_dtypes(op, x=x, expert_idx=expert_idx, **optional)
+
+
+def _check_x_and_expert_idx(op, x, expert_idx):
+    """The core's check of x [N, H] and expert_idx [N, K] int32, after the attributes'."""
     if x.dim() != 2:
-        raise ValueError(f"{op}: x must be 2-D [N, H], got {x.dim()}-D")
+        raise ValueError(f"{op}: x must be 2-D [N, H], got {_describe(x)}")
     if expert_idx.dim() != 2:
-        raise ValueError(f"{op}: expert_idx must be 2-D [N, K], got {expert_idx.dim()}-D")
+        raise ValueError(f"{op}: expert_idx must be 2-D [N, K], got {_describe(expert_idx)}")
     if expert_idx.dtype != torch.int32:
-        raise ValueError(f"{op}: expert_idx must be int32, got {expert_idx.dtype}")
+        raise ValueError(f"{op}: expert_idx must be int32, got {dtype_name(expert_idx.dtype)}")
+
+
+
+def _check_v2_attrs(op, active_num, expert_capacity, expert_num, drop_pad_mode, flag):
+    """The core's attribute checks of moe_init_routing_v2 (src/ops/moe_init_routing/meta.cpp), in its
+    order and words: the error at trace time is eager's (not a negative extent's RuntimeError)."""
+    if drop_pad_mode not in (0, 1):
+        raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got {drop_pad_mode}")
+    for name, value in (("active_num", active_num), ("expert_capacity", expert_capacity),
+                        ("expert_num", expert_num)):
+        if value < 0:
+            raise ValueError(f"{op}: {name} must be >= 0, got {value}")
+    if expert_num > INT32_MAX:
+        raise ValueError(f"{op}: expert_num must be at most 2147483647 (int32 expert ids), got {expert_num}")
+    if flag not in (0, 1, 2):
+        raise ValueError(f"{op}: expert_tokens_count_or_cumsum_flag must be 0 (none), 1 (cumsum) or 2 (count), "
+                         f"got {flag}")
+    if drop_pad_mode == 1 and expert_capacity < 1:
+        raise ValueError(f"{op}: expert_capacity must be >= 1 when drop_pad_mode=1, got {expert_capacity}")
+    if drop_pad_mode == 1 and expert_num < 1:
+        raise ValueError(f"{op}: expert_num must be >= 1 when drop_pad_mode=1, got {expert_num}")
+    if flag > 0 and expert_num < 1:
+        raise ValueError(f"{op}: expert_num must be >= 1 when expert_tokens_count_or_cumsum_flag is 1 or 2, "
+                         f"got {expert_num}")
 
 
 @torch.library.register_fake("moe_routing::moe_init_routing_v2")
@@ -78,10 +134,10 @@ def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, ex
                               expert_tokens_before_capacity_flag=False, *, numerics="atlas_a2"):
     op = "moe_init_routing_v2"
     _check_routing_inputs(op, x, expert_idx, numerics)
-    if drop_pad_mode not in (0, 1):
-        raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got {drop_pad_mode}")
-    if active_num < 0:
-        raise ValueError(f"{op}: active_num must be >= 0, got {active_num}")
+    _check_v2_attrs(op, active_num, expert_capacity, expert_num, drop_pad_mode, expert_tokens_count_or_cumsum_flag)
+    _check_x_and_expert_idx(op, x, expert_idx)
+    if x.dtype not in _FLOATS:
+        raise ValueError(f"{op}: x must be float16, bfloat16 or float32, got {dtype_name(x.dtype)}")
     n, hidden = x.shape
     pairs = n * expert_idx.shape[1]
     if drop_pad_mode == 1:
@@ -90,9 +146,50 @@ def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, ex
         rows = pairs if active_num == 0 else torch.sym_min(active_num, pairs)
         expanded_x = x.new_empty((rows, hidden))
     expanded_row_idx = x.new_empty((pairs,), dtype=torch.int32)
-    counts = x.new_empty((max(expert_num, 0),), dtype=torch.int32)
-    before_capacity = x.new_empty((max(expert_num, 0),), dtype=torch.int32)
+    counts = x.new_empty((expert_num,), dtype=torch.int32)
+    before_capacity = x.new_empty((expert_num,), dtype=torch.int32)
     return expanded_x, expanded_row_idx, counts, before_capacity
+
+
+def _check_v4_attrs(op, quant_mode, drop_pad_mode, expert_num, active_expert_range, expert_tokens_num_type,
+                    row_idx_type, active_num, expert_capacity):
+    """The core's attribute checks of moe_init_routing (src/ops/moe_init_routing/meta.cpp), in its
+    order and words; returns the expert range [start, end)."""
+    if not (-1 <= quant_mode <= 9 or 11 <= quant_mode <= 17):
+        raise ValueError(f"{op}: quant_mode must be -1 (none), 0 (static int8), 1 (dynamic int8) or one of CANN's "
+                         f"modes 2-9, 11-17 (not supported here), got {quant_mode}")
+    if quant_mode > 1:
+        raise NotImplementedError(
+            f"{op}: quant_mode must be one of the supported modes -1 (none), 0 (static int8) or 1 (dynamic int8); "
+            f"CANN's MX/FP8/HiF8/INT4 modes are not implemented, got {quant_mode}")
+    if drop_pad_mode not in (0, 1):
+        raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got {drop_pad_mode}")
+    if expert_num < 1:
+        raise ValueError(f"{op}: expert_num must be >= 1, got {expert_num}")
+    if expert_num > INT32_MAX:
+        raise ValueError(f"{op}: expert_num must be at most 2147483647 (int32 expert ids), got {expert_num}")
+    start, end = (0, expert_num) if active_expert_range is None else tuple(active_expert_range)
+    if not 0 <= start < end <= expert_num:
+        raise ValueError(f"{op}: active_expert_range must be [start, end) with 0 <= start < end <= expert_num "
+                         f"({expert_num}), got [{start}, {end}]")
+    if expert_tokens_num_type not in (0, 1, 2):
+        raise ValueError(f"{op}: expert_tokens_num_type must be 0 (cumsum), 1 (count) or 2 (key_value), "
+                         f"got {expert_tokens_num_type}")
+    if row_idx_type not in (0, 1):
+        raise ValueError(f"{op}: row_idx_type must be 0 (gather) or 1 (scatter), got {row_idx_type}")
+    if active_num < -1:
+        raise ValueError(f"{op}: active_num must be -1 or 0 (keep every routed pair) or > 0, got {active_num}")
+    if drop_pad_mode == 1:
+        if expert_capacity < 1:
+            raise ValueError(f"{op}: expert_capacity must be >= 1 when drop_pad_mode=1, got {expert_capacity}")
+        if row_idx_type != 0:
+            raise ValueError(f"{op}: row_idx_type must be 0 when drop_pad_mode=1, got {row_idx_type}")
+        if quant_mode != -1:
+            raise ValueError(f"{op}: quant_mode must be -1 when drop_pad_mode=1, got {quant_mode}")
+        if (start, end) != (0, expert_num):
+            raise ValueError(f"{op}: active_expert_range must be the full [0, expert_num) = [0, {expert_num}) when "
+                             f"drop_pad_mode=1, got [{start}, {end}]")
+    return start, end
 
 
 @torch.library.register_fake("moe_routing::moe_init_routing")
@@ -101,20 +198,25 @@ def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=N
                            expert_tokens_num_flag=False, quant_mode=-1, active_expert_range=None,
                            row_idx_type=0, x_dtype=None, *, numerics="atlas_a2"):
     op = "moe_init_routing"
-    _check_routing_inputs(op, x, expert_idx, numerics, scale=scale, offset=offset, topk_weight=topk_weight)
     if x_dtype is not None:
         raise NotImplementedError(f"{op}: x_dtype must be None (CANN's float4/hifloat8/int4 data types are "
                                   f"not supported), got {x_dtype}")
-    if quant_mode > 1:
-        raise NotImplementedError(f"{op}: quant_mode must be one of the supported modes -1, 0 or 1, got {quant_mode}")
-    if expert_num < 1:
-        raise ValueError(f"{op}: expert_num must be >= 1, got {expert_num}")
-    if drop_pad_mode not in (0, 1):
-        raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless) or 1 (drop-pad), got {drop_pad_mode}")
-    start, end = (0, expert_num) if active_expert_range is None else tuple(active_expert_range)
+    if active_expert_range is not None and len(active_expert_range) != 2:
+        raise ValueError(f"{op}: active_expert_range must be a list of two ints [start, end], got "
+                         f"{len(active_expert_range)} values")
+    _check_routing_inputs(op, x, expert_idx, numerics, scale=scale, offset=offset, topk_weight=topk_weight)
+    start, end = _check_v4_attrs(op, quant_mode, drop_pad_mode, expert_num, active_expert_range,
+                                 expert_tokens_num_type, row_idx_type, active_num, expert_capacity)
+    _check_x_and_expert_idx(op, x, expert_idx)
+    quantised = quant_mode in (0, 1)
+    if quantised and x.dtype not in _FLOATS:
+        raise ValueError(f"{op}: x must be float16, bfloat16 or float32 when quant_mode is 0 or 1, got "
+                         f"{dtype_name(x.dtype)}")
+    if not quantised and x.dtype not in _FLOATS + (torch.int8,):
+        raise ValueError(f"{op}: x must be float16, bfloat16, float32 or int8, got {dtype_name(x.dtype)}")
     n, hidden = x.shape
     pairs = n * expert_idx.shape[1]
-    out_dtype = torch.int8 if quant_mode in (0, 1) else x.dtype
+    out_dtype = torch.int8 if quantised else x.dtype
     if drop_pad_mode == 1:
         rows = expert_num * expert_capacity
         expanded_x = x.new_empty((expert_num, expert_capacity, hidden), dtype=out_dtype)
@@ -170,33 +272,60 @@ def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, b
                                zero_expert_range=None, copy_expert_range=None, constant_expert_range=None, k=1, *,
                                numerics="atlas_a2", api="v2"):
     op = "moe_finalize_routing"
-    _check_devices(op, expanded_x, expanded_row_idx=expanded_row_idx, x1=x1, x2=x2, bias=bias, scales=scales,
-                   expert_idx=expert_idx, x=x, alpha1=alpha1, alpha2=alpha2, v=v)
+    # The binding's checks (range lengths, numerics, api, devices and dtypes), then the core's
+    # (src/ops/moe_finalize_routing/meta.cpp), in their order and words.
+    ranges = (("zero_expert_range", zero_expert_range), ("copy_expert_range", copy_expert_range),
+              ("constant_expert_range", constant_expert_range))
+    for name, r in ranges:
+        if r is not None and len(r) != 2:
+            raise ValueError(f"{op}: {name} must be a list of two ints [start, end], got {len(r)} values")
     _check_numerics(op, numerics)
     if api not in _FINALIZE_APIS:
         raise ValueError(f'{op}: api must be "v1" or "v2", got "{api}"')
+    inputs = dict(expanded_row_idx=expanded_row_idx, x1=x1, x2=x2, bias=bias, scales=scales, expert_idx=expert_idx,
+                  x=x, alpha1=alpha1, alpha2=alpha2, v=v)
+    _check_devices(op, expanded_x, **inputs)
+    _check_core_dtypes(op, expanded_x=expanded_x, **inputs)
     mode = 0 if drop_pad_mode is None else drop_pad_mode
     if mode not in (0, 1, 2, 3):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless, column), 1 (drop-pad, column), "
                          f"2 (dropless, row) or 3 (drop-pad, row), got {mode}")
-    for name, r in (("zero_expert_range", zero_expert_range), ("copy_expert_range", copy_expert_range),
-                    ("constant_expert_range", constant_expert_range)):
-        if r is not None and len(r) != 2:
-            raise ValueError(f"{op}: {name} must be a list of two ints [start, end], got {len(r)} values")
+    if (1 if k is None else k) < 1:
+        raise ValueError(f"{op}: top_k must be >= 1, got {k}")
+    enabled = [(name, tuple(r)) for name, r in ranges if r is not None and tuple(r) != (-1, -1)]
+    for name, (begin, end) in enabled:
+        if begin < 0 or end <= begin:
+            raise ValueError(f"{op}: {name} must be [-1, -1] (none) or [start, end) with 0 <= start < end, got "
+                             f"[{begin}, {end})")
+    for i, (a_name, a) in enumerate(enabled):
+        for b_name, b in enabled[i + 1:]:
+            if a[0] < b[1] and b[0] < a[1]:
+                raise ValueError(f"{op}: {a_name} and {b_name} must not overlap, got [{a[0]}, {a[1]}) and "
+                                 f"[{b[0]}, {b[1]})")
+    if api == "v1" and mode != 0:
+        raise ValueError(f"{op}: drop_pad_mode must be 0 with api v1 (its column layout), got {mode}")
+    if api == "v1" and enabled:
+        raise ValueError(f"{op}: expert ranges must be [-1, -1] with api v1 (they are V3/V4's), got an enabled "
+                         "range")
     drop_pad = mode in (1, 3)
     if expanded_x.dim() != (3 if drop_pad else 2):
         raise ValueError(f"{op}: expanded_x must be {'3-D [E, C, H]' if drop_pad else '2-D [R, H]'} when "
-                         f"drop_pad_mode={mode}, got {expanded_x.dim()}-D")
+                         f"drop_pad_mode={mode} ({'drop-pad' if drop_pad else 'dropless'}), got "
+                         f"{_describe(expanded_x)}")
+    if expanded_x.dtype not in _FLOATS:
+        raise ValueError(f"{op}: expanded_x must be float16, bfloat16 or float32, got {dtype_name(expanded_x.dtype)}")
     if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
-        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {expanded_row_idx.dim()}-D "
-                         f"{expanded_row_idx.dtype}")
+        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {_describe(expanded_row_idx)}")
     top_k = 1 if k is None else k
     if scales is not None:
+        # Only what the shape needs; the core checks the optional inputs' presence rules first.
+        mixed = ") or float32" if expanded_x.dtype == torch.bfloat16 else ")"
         if scales.dim() != 2:
-            raise ValueError(f"{op}: scales must be 2-D [N, K], got {scales.dim()}-D")
+            raise ValueError(f"{op}: scales must be 2-D [N, K] of the dtype of expanded_x "
+                             f"({dtype_name(expanded_x.dtype)}{mixed}, got {_describe(scales)}")
+        if scales.shape[1] < 1:
+            raise ValueError(f"{op}: scales.size(1) (K) must be >= 1, got {scales.shape[1]}")
         top_k = scales.shape[1]
-    if top_k < 1:
-        raise ValueError(f"{op}: top_k must be >= 1, got {top_k}")
     return expanded_x.new_empty((expanded_row_idx.shape[0] // top_k, expanded_x.shape[-1]))
 
 
@@ -216,9 +345,11 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
                           active_num, expert_num, expert_capacity, numerics):
     """(grad_expanded_x, grad_scales, grad_bias) as empty tensors of their full shapes; grad_scales and
     grad_bias None where the inputs cannot produce them."""
-    _check_devices(op, grad_y, expanded_row_idx=expanded_row_idx, expanded_x=expanded_x, scales=scales,
-                   expert_idx=expert_idx, bias=bias)
+    inputs = dict(expanded_row_idx=expanded_row_idx, expanded_x=expanded_x, scales=scales, expert_idx=expert_idx,
+                  bias=bias)
+    _check_devices(op, grad_y, **inputs)
     _check_numerics(op, numerics)
+    _check_core_dtypes(op, grad_y=grad_y, **inputs)
     if drop_pad_mode not in (0, 1):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless, row layout) or 1 (drop-pad, row layout), "
                          f"got {drop_pad_mode}")

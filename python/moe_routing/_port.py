@@ -81,7 +81,10 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
             raise ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a "
                              f"{value.dim()}-D {dtype_name(value.dtype)} tensor")
         value = int(value)
-    elif not isinstance(value, torch.SymInt):
+    elif not isinstance(value, (int, torch.SymInt)):
+        # Not for an int: under torch.compile a symbolic int (x.shape[0] * k) is an int to Dynamo, not
+        # a SymInt, and operator.index would specialise it to its value (a recompile per token
+        # count; with torch._dynamo.mark_dynamic a ConstraintViolationError).
         try:
             value = operator.index(value)
         except TypeError:

@@ -183,3 +183,46 @@ def test_functional_calls_under_vmap_keep_the_graph_of_the_outer_tensor():
     raw = grad_sum(lambda b: torch.ops.moe_routing.moe_init_routing(b, idx, expert_num=4)[0])
     assert torch.equal(ours, raw)
     assert torch.equal(ours, torch.full_like(x, 3.0))  # K = 2 rows per token, plus xr.sum()
+
+
+def _one_call_of_each_operator():
+    """(name, f): f(t) calls one of the operators with t as its differentiable input."""
+    idx = torch.tensor([[1, 0], [2, 1], [0, 2]], dtype=torch.int32)
+    eri = torch.tensor([3, 0, 5, 1, 2, 4], dtype=torch.int32)
+    return [
+        ("moe_init_routing", lambda t: moe_routing.moe_init_routing(t, idx, expert_num=3)[0]),
+        ("moe_init_routing_v2", lambda t: moe_routing.moe_init_routing_v2(t, idx, expert_num=3)[0]),
+        ("moe_init_routing_grad", lambda t: moe_routing.moe_init_routing_grad(t.repeat(2, 1), eri, 2)),
+        ("moe_finalize_routing",
+         lambda t: moe_routing.moe_finalize_routing(t.repeat(2, 1), eri, k=2, drop_pad_mode=2)),
+        ("moe_finalize_routing_grad", lambda t: moe_routing.moe_finalize_routing_grad(t, eri)[0]),
+    ]
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_forward_mode_ad_is_refused(index):
+    # The operators have no forward derivative; PyTorch's kernel for custom operators ran them on
+    # the primal alone, so the tangent was dropped: jvp returned zeros, a dual output had none.
+    import torch.autograd.forward_ad as fwAD
+    name, f = _one_call_of_each_operator()[index]
+    x = torch.arange(6.0).view(3, 2)
+    with pytest.raises(NotImplementedError, match=f"^{name}: forward-mode AD .* not supported"):
+        torch.func.jvp(f, (x,), (torch.ones_like(x),))
+    with fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match=f"^{name}: forward-mode AD .* not supported"):
+            f(fwAD.make_dual(x, torch.ones_like(x)))
+    # Without a tangent the call runs: torch.func.vmap batches it as a loop of calls would.
+    batch = torch.arange(12.0).view(2, 3, 2)
+    assert torch.equal(torch.func.vmap(f)(batch), torch.stack([f(b) for b in batch]))
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_func_grad_is_refused_with_our_message(index):
+    # PyTorch's message spoke of an autograd.Function that "must override the setup_context
+    # staticmethod", which the caller never wrote.
+    name, f = _one_call_of_each_operator()[index]
+    x = torch.arange(6.0).view(3, 2)
+    with pytest.raises(NotImplementedError, match=f"^{name}: torch.func's differentiating transforms"):
+        torch.func.grad(lambda t: f(t).sum())(x)
+    with pytest.raises(NotImplementedError, match=f"^{name}: torch.func's differentiating transforms"):
+        torch.func.vjp(f, x)

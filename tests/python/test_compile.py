@@ -116,6 +116,97 @@ def test_fake_shapes_equal_real_shapes(name, args, kwargs):
     assert_fake_shapes_equal_real_shapes(name, args, kwargs)
 
 
+def _error(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the type is what is compared
+        return type(error), str(error)
+    return None
+
+
+def assert_fake_error_equals_eager_error(name, args, kwargs):
+    """The operator on fake and on meta tensors refuses the call as the real kernel does: same
+    exception type, same message (under torch.compile that is the error at trace time)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    op = getattr(ops, name)
+    eager = _error(lambda: op(*args, **kwargs))
+    assert eager is not None, "the case must be refused"
+
+    def converted(convert):
+        return ([convert(a) if isinstance(a, torch.Tensor) else a for a in args],
+                {k: convert(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
+
+    with FakeTensorMode() as mode:
+        fake_args, fake_kwargs = converted(mode.from_tensor)
+        assert _error(lambda: op(*fake_args, **fake_kwargs)) == eager
+    meta_args, meta_kwargs = converted(lambda t: t.to("meta"))
+    assert _error(lambda: op(*meta_args, **meta_kwargs)) == eager
+
+
+def refused_dispatch_samples():
+    x = torch.randn(6, 5)
+    idx = torch.randint(0, 4, (6, 2), dtype=torch.int32)
+    g = torch.randn(12, 5)
+    eri = torch.randperm(12).to(torch.int32)
+    base = dict(expert_num=4)
+    # Each was refused differently on fake tensors: a negative extent's RuntimeError ("Trying to
+    # create tensor with negative dimension"), another check first, or other words.
+    yield "moe_init_routing", (x, idx), dict(base, drop_pad_mode=1)  # expert_capacity left at -1
+    yield "moe_init_routing", (x, idx), dict(base, active_expert_range=[3, 1])
+    yield "moe_init_routing", (x, idx), dict(base, drop_pad_mode=1, expert_capacity=2, active_expert_range=[1, 3])
+    yield "moe_init_routing", (x, idx), dict(base, quant_mode=2)
+    yield "moe_init_routing", (x, idx), dict(base, quant_mode=10)
+    yield "moe_init_routing", (x, idx), dict(drop_pad_mode=2)
+    yield "moe_init_routing", (x, idx), dict(base, expert_tokens_num_type=3, drop_pad_mode=1)
+    yield "moe_init_routing", (x.double(), idx), base
+    yield "moe_init_routing", (x, idx.long()), base
+    yield "moe_init_routing", (x.int(), idx), base
+    yield "moe_init_routing_v2", (x, idx, 0, -1, 4, 1), {}
+    yield "moe_init_routing_v2", (x, idx, 0, 2, -1, 1), {}
+    yield "moe_init_routing_v2", (x.double(), idx, -1), {}
+    yield "moe_init_routing_v2", (x.to(torch.int8), idx), {}
+    yield "moe_init_routing_grad", (g, eri, 3, 1), {}
+    yield "moe_init_routing_grad", (g, eri.long(), 3), {}
+    yield "moe_init_routing_grad", (g, eri.view(3, 4), 3), {}
+    yield "moe_init_routing_grad", (g.double(), eri, 0), {}
+    yield "moe_init_routing_grad", (g, eri, 0, 2), {}
+    yield "moe_init_routing_grad", (g, eri, 3, 1, -1), {}
+
+
+@pytest.mark.parametrize("name, args, kwargs", list(refused_dispatch_samples()))
+def test_fake_refuses_as_eager(name, args, kwargs):
+    assert_fake_error_equals_eager_error(name, args, kwargs)
+
+
+def test_out_errors_name_dtypes_as_python_does_on_fake_and_real_tensors():
+    # The kernels named dtypes as c10 prints them ("got Half [4, 6]", "got Double"), the fake
+    # functions as Python does ("torch.float16"); both now say float16 / float64.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    g = torch.randn(12, 6)
+    eri = torch.randperm(12).to(torch.int32)
+    for out, text in ((torch.empty(4, 6, dtype=torch.float16), "got float16 [4, 6] on cpu"),
+                      (torch.empty(3, 6), "got float32 [3, 6] on cpu")):
+        eager = _error(lambda: ops.moe_init_routing_grad.out(g, eri, 3, out=out))
+        assert eager[0] is ValueError and eager[1].endswith(text), eager
+        with FakeTensorMode() as mode:
+            fake_g, fake_eri, fake_out = (mode.from_tensor(t) for t in (g, eri, out))
+            assert _error(lambda: ops.moe_init_routing_grad.out(fake_g, fake_eri, 3, out=fake_out)) == eager
+    with pytest.raises(ValueError, match=r"grad_expanded_x must have a dtype among .*, got float64$"):
+        moe_routing.moe_init_routing_grad(g.double(), eri, 3)
+
+
+def test_compiled_call_reports_the_eager_error_at_trace_time():
+    # drop_pad_mode=1 without expert_capacity: torch.compile used to stop with "Trying to create
+    # tensor with negative dimension -1" from the fake function instead of the operator's message.
+    torch._dynamo.reset()
+    x = torch.randn(4, 3)
+    idx = torch.randint(0, 4, (4, 2), dtype=torch.int32)
+    f = torch.compile(lambda x, i: moe_routing.moe_init_routing(x, i, expert_num=4, drop_pad_mode=1)[0],
+                      fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="expert_capacity must be >= 1 when drop_pad_mode=1, got -1"):
+        f(x, idx)
+
+
 def _layer_outputs_and_grads(model, forward, x):
     model.zero_grad()
     out = forward(x)
@@ -210,3 +301,31 @@ def test_compiled_backward_keeps_the_forward_numerics():
         assert torch.equal(eager_x.grad.view(torch.int32), compiled_x.grad.view(torch.int32)), numerics
         grads[numerics] = eager_x.grad
     assert not torch.equal(grads["atlas_a2"].view(torch.int32), grads["ascend_950"].view(torch.int32))
+
+
+def test_symbolic_active_num_keeps_one_graph():
+    # moe_init_routing_v2 and moe_init_routing_grad took active_num as a plain int: a symbolic one
+    # (x.shape[0] * K) was specialised to its value, so the token dimension marked dynamic gave a
+    # ConstraintViolationError (and dynamic=True a recompile per token count).
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def route_and_combine(x, idx):
+        expanded_x, eri, _, _ = moe_routing.moe_init_routing_v2(x, idx, x.shape[0] * 2 - 1, expert_num=4)
+        return moe_routing.moe_init_routing_grad(expanded_x, eri, 2, 0, x.shape[0] * 2 - 1)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(route_and_combine, fullgraph=True, backend=counter)
+    gen = torch.Generator().manual_seed(11)
+    for n in (5, 7):
+        x = torch.randn(n, 3, generator=gen)
+        idx = torch.randint(0, 4, (n, 2), generator=gen, dtype=torch.int32)
+        eager_x, compiled_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        eager = route_and_combine(eager_x, idx)
+        eager.sum().backward()
+        torch._dynamo.mark_dynamic(compiled_x, 0)
+        torch._dynamo.mark_dynamic(idx, 0)
+        got = compiled(compiled_x, idx)
+        got.sum().backward()
+        assert torch.equal(eager, got) and torch.equal(eager_x.grad, compiled_x.grad)
+    assert counter.frame_count == 1

@@ -488,7 +488,7 @@ FORWARD_ERRORS = [
      r"expanded_x must be 2-D \[R, H\] when drop_pad_mode=2 \(dropless\), got "),
     (dict(drop_pad_mode=1), ValueError, r"expanded_x must be 3-D \[E, C, H\] when drop_pad_mode=1 \(drop-pad\), got"),
     (dict(expanded_x=torch.ones(4, 3, dtype=torch.float64)), ValueError,
-     r"expanded_x must have a dtype among float32, float16, bfloat16, int8, int32, int64, got Double"),
+     r"expanded_x must have a dtype among float32, float16, bfloat16, int8, int32, int64, got float64"),
     (dict(expanded_x=torch.ones(4, 3, dtype=torch.int32)), ValueError,
      r"expanded_x must be float16, bfloat16 or float32, got int32"),
     (dict(expanded_row_idx=torch.arange(4)), ValueError, r"expanded_row_idx must be 1-D int32, got "),

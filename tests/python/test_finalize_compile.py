@@ -5,7 +5,7 @@ import torch
 
 import moe_routing
 from reference import random_values
-from test_compile import assert_fake_shapes_equal_real_shapes
+from test_compile import assert_fake_error_equals_eager_error, assert_fake_shapes_equal_real_shapes
 
 ops = torch.ops.moe_routing
 I32 = torch.int32
@@ -253,3 +253,28 @@ def test_compiled_with_dynamic_shapes():
         g, x, s = torch.randn(n, 3), torch.randn(2 * n, 3), torch.rand(n, 2)
         i = torch.randperm(2 * n).to(I32)
         assert all(torch.equal(a, b) for a, b in zip(f(g, i, x, s), moe_routing.moe_finalize_routing_grad(g, i, x, s)))
+
+
+def refused_combine_samples():
+    n, k, h = 4, 2, 3
+    rows = torch.randn(n * k, h)
+    index = torch.randperm(n * k).to(I32)
+    grad_y = torch.randn(n, h)
+    # Each was refused differently on fake tensors (another check first, or other words).
+    yield "moe_finalize_routing", (rows, index), dict(drop_pad_mode=1)
+    yield "moe_finalize_routing", (rows.view(2, 4, h), index), {}
+    yield "moe_finalize_routing", (rows.view(2, 4, h), index), dict(k=0)
+    yield "moe_finalize_routing", (rows, index), dict(drop_pad_mode=2, api="v1")
+    yield "moe_finalize_routing", (rows, index), dict(zero_expert_range=[0, 1, 2], numerics="x")
+    yield "moe_finalize_routing", (rows, index), dict(zero_expert_range=[0, 1, 2], drop_pad_mode=4)
+    yield "moe_finalize_routing", (rows.double(), index), dict(k=0)
+    yield "moe_finalize_routing", (rows, index), dict(zero_expert_range=[2, 1])
+    yield "moe_finalize_routing", (rows, index), dict(zero_expert_range=[0, 2], copy_expert_range=[1, 3])
+    yield "moe_finalize_routing", (rows, index), dict(scales=torch.randn(n))
+    yield "moe_finalize_routing_grad", (grad_y.double(), index), dict(active_num=-1)
+    yield "moe_finalize_routing_grad", (grad_y, index), dict(bias=torch.randn(2, h).double(), drop_pad_mode=2)
+
+
+@pytest.mark.parametrize("name, args, kwargs", list(refused_combine_samples()))
+def test_fake_refuses_as_eager(name, args, kwargs):
+    assert_fake_error_equals_eager_error(name, args, kwargs)

@@ -689,3 +689,44 @@ def test_compiled_unpermute_refuses_int64_indices_beyond_int32():
     compiled = torch.compile(torch_npu.npu_moe_token_unpermute, fullgraph=True, backend="aot_eager")
     with pytest.raises(IndexError, match=r"expanded_row_idx\[2\] = -2147483648 is outside \[0, 4\)"):
         compiled(permuted, index, probs)
+
+
+def test_compiled_ports_keep_the_token_count_symbolic():
+    """With the token dimension marked dynamic, one graph serves every token count: check_int took a
+    traced int (x.shape[0] * K, which Dynamo does not show as a SymInt) through operator.index, and
+    moe_init_routing_v2 / moe_init_routing_grad took active_num as a plain int, both specialising it
+    (torch._dynamo.mark_dynamic: ConstraintViolationError; dynamic=True: a recompile per count)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def v1_layer(x, expert_idx, probs):
+        ex, eri, _ = torch_npu.npu_moe_init_routing(x, column_row_idx(x.shape[0], 2), expert_idx, x.shape[0])
+        return torch_npu.npu_moe_finalize_routing(ex, None, None, None, probs, eri, None, 0)
+
+    def v2_layer(x, expert_idx, probs):
+        ex, eri, _, _ = torch_npu.npu_moe_init_routing_v2(x, expert_idx, active_num=x.shape[0] * 2, expert_num=4)
+        return torch_npu.npu_moe_token_unpermute(ex, eri, probs)
+
+    def permute_layer(x, expert_idx, probs):
+        permuted, sorted_indices = torch_npu.npu_moe_token_permute(x, expert_idx, x.shape[0])
+        return torch_npu.npu_moe_token_unpermute(permuted, sorted_indices, probs, numerics="ascend_950")
+
+    gen = torch.Generator().manual_seed(23)
+    for layer in (v1_layer, v2_layer, permute_layer):
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(layer, fullgraph=True, backend=counter)
+        for n in (5, 7):
+            x, expert_idx = routing_case(gen, n, 2, 4)
+            probs = torch.rand(n, 2, generator=gen)
+            results = []
+            for fn in (layer, compiled):
+                leaves = [x.clone().requires_grad_(), expert_idx.clone(), probs.clone().requires_grad_()]
+                if fn is compiled:
+                    for t in leaves:
+                        torch._dynamo.mark_dynamic(t, 0)
+                out = fn(*leaves)
+                out.backward(torch.ones_like(out))
+                results.append([out, leaves[0].grad, leaves[2].grad])
+            for eager, got in zip(*results):
+                assert_bitwise_equal(eager, got, layer.__name__)
+        assert counter.frame_count == 1, layer.__name__

@@ -49,6 +49,12 @@ void raise_if_error(const Status& status) {
   }
 }
 
+/// A torch dtype as messages name it: "float32", "float64" (torch.float64 in Python), not c10's
+/// "Float" / "Double".
+std::string dtype_text(at::ScalarType dtype) {
+  return std::string(c10::getDtypeNames(dtype).first);
+}
+
 /// The core dtype of a torch dtype; unsupported ones get the core's message format.
 DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -62,7 +68,7 @@ DType core_dtype(const char* op, const char* name, const at::Tensor& t) {
       TORCH_CHECK_VALUE(
           false, op, ": ", name,
           " must have a dtype among float32, float16, bfloat16, int8, int32, int64, got ",
-          t.scalar_type());
+          dtype_text(t.scalar_type()));
   }
 }
 
@@ -317,7 +323,7 @@ class Call {
                       op_, ": out ", name, " must be a contiguous ",
                       moe_routing::dtype_name(core_type), " tensor of shape ", shape, " on ",
                       device_, " (the device of the operator's first input), got ",
-                      out->scalar_type(), " ", out->sizes(),
+                      dtype_text(out->scalar_type()), " ", out->sizes(),
                       out->is_contiguous() ? "" : " (non-contiguous)", " on ", out->device());
     return *out;
   }
@@ -792,10 +798,11 @@ void register_kernels(torch::Library& m) {
 TORCH_LIBRARY(moe_routing, m) {
   m.def(
       "moe_init_routing_grad(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
-      "int drop_pad_mode=0, int active_num=0, *, str numerics=\"atlas_a2\", str? order=None) "
+      "int drop_pad_mode=0, SymInt active_num=0, *, str numerics=\"atlas_a2\", str? order=None) "
       "-> Tensor");
   m.def(
-      "moe_init_routing_v2(Tensor x, Tensor expert_idx, int active_num=0, int expert_capacity=0, "
+      "moe_init_routing_v2(Tensor x, Tensor expert_idx, SymInt active_num=0, int "
+      "expert_capacity=0, "
       "int expert_num=0, int drop_pad_mode=0, int expert_tokens_count_or_cumsum_flag=0, "
       "bool expert_tokens_before_capacity_flag=False, *, str numerics=\"atlas_a2\") "
       "-> (Tensor, Tensor, Tensor, Tensor)");
@@ -811,7 +818,7 @@ TORCH_LIBRARY(moe_routing, m) {
   // mutating custom operators.
   m.def(
       "moe_init_routing_grad.out(Tensor grad_expanded_x, Tensor expanded_row_idx, int top_k, "
-      "int drop_pad_mode=0, int active_num=0, *, str numerics=\"atlas_a2\", str? order=None, "
+      "int drop_pad_mode=0, SymInt active_num=0, *, str numerics=\"atlas_a2\", str? order=None, "
       "Tensor(a!) out) -> ()");
   m.def(
       "moe_init_routing.out(Tensor x, Tensor expert_idx, Tensor? scale=None, Tensor? offset=None, "

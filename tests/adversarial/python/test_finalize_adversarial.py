@@ -151,10 +151,10 @@ def test_meta_input_among_cpu_inputs(name):
 
 def test_out_must_be_exactly_the_result():
     case = combine_case()
-    for bad, got in ((torch.zeros(4, 9), r"Float \[4, 9\]"),
-                     (torch.zeros(8, 4).t(), r"Float \[4, 8\] \(non-contiguous\)"),
-                     (torch.zeros(4, 8, dtype=torch.float64), r"Double \[4, 8\]"),
-                     (torch.zeros(32), r"Float \[32\]")):
+    for bad, got in ((torch.zeros(4, 9), r"float32 \[4, 9\]"),
+                     (torch.zeros(8, 4).t(), r"float32 \[4, 8\] \(non-contiguous\)"),
+                     (torch.zeros(4, 8, dtype=torch.float64), r"float64 \[4, 8\]"),
+                     (torch.zeros(32), r"float32 \[32\]")):
         before = bad.clone()
         with pytest.raises(ValueError, match=r"moe_finalize_routing: out y must be a contiguous float32 tensor of "
                                              r"shape \[4, 8\] on cpu .* got " + got):
