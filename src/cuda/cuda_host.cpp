@@ -26,6 +26,13 @@ Status check_launch(const char* op, const char* kernel) {
                        cudaGetErrorName(error), ": ", cudaGetErrorString(error));
 }
 
+Status read_to_host(const char* op, void* host, const void* device, size_t bytes,
+                    cudaStream_t stream) {
+  MOE_ROUTING_CUDA_CHECK(op, cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream));
+  MOE_ROUTING_CUDA_CHECK(op, cudaStreamSynchronize(stream));
+  return Status::ok();
+}
+
 // ---- DeviceScope -----------------------------------------------------------------------------
 
 DeviceScope::DeviceScope(const char* op, std::initializer_list<DevicePointer> pointers) {

@@ -26,6 +26,12 @@ Status cuda_error(const char* op, const char* what, cudaError_t error);
 /// After a launch: the launch's error, if any, as a Status naming the kernel (checked launches).
 Status check_launch(const char* op, const char* kernel);
 
+/// Copies `bytes` from device memory to the host in the order of `stream` and waits for that
+/// stream only (a plain cudaMemcpy would run on the legacy default stream and wait for every
+/// blocking stream of the device): the index checks' read-backs.
+Status read_to_host(const char* op, void* host, const void* device, size_t bytes,
+                    cudaStream_t stream);
+
 /// One pointer the caller passed, with the bytes it spans (empty spans are not checked).
 struct DevicePointer {
   const char* name;

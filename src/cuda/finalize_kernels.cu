@@ -114,17 +114,14 @@ Status read_verdict(const char* op, cudaStream_t stream, const int32_t* rows_ind
   launch(device_verdict);
   MOE_ROUTING_RETURN_IF_ERROR(check_launch(op, "the index check"));
   uint32_t host[2];
-  MOE_ROUTING_CUDA_CHECK(
-      op, cudaMemcpyAsync(host, device_verdict, sizeof host, cudaMemcpyDeviceToHost, stream));
-  MOE_ROUTING_CUDA_CHECK(op, cudaStreamSynchronize(stream));
+  MOE_ROUTING_RETURN_IF_ERROR(read_to_host(op, host, device_verdict, sizeof host, stream));
   verdict->row_position = host[0];
   verdict->expert_position = host[1];
   if (host[0] != IndexVerdict::kNoBadIndex)
-    MOE_ROUTING_CUDA_CHECK(op, cudaMemcpy(&verdict->row_value, rows_index + host[0],
-                                          sizeof(int32_t), cudaMemcpyDeviceToHost));
-  else if (host[1] != IndexVerdict::kNoBadIndex)
-    MOE_ROUTING_CUDA_CHECK(op, cudaMemcpy(&verdict->expert_value, expert_index + host[1],
-                                          sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return read_to_host(op, &verdict->row_value, rows_index + host[0], sizeof(int32_t), stream);
+  if (host[1] != IndexVerdict::kNoBadIndex)
+    return read_to_host(op, &verdict->expert_value, expert_index + host[1], sizeof(int32_t),
+                        stream);
   return Status::ok();
 }
 

@@ -96,14 +96,11 @@ Status moe_init_routing_grad(const detail::GradProblem& problem, void* stream_pt
         expanded_row_idx, pairs, plan.skip_from, plan.source_rows, first_bad);
     MOE_ROUTING_RETURN_IF_ERROR(check_launch(kOp, "check_grad_indices"));
     uint32_t verdict = kNoError;
-    MOE_ROUTING_CUDA_CHECK(
-        kOp, cudaMemcpyAsync(&verdict, first_bad, sizeof verdict, cudaMemcpyDeviceToHost, stream));
-    MOE_ROUTING_CUDA_CHECK(kOp, cudaStreamSynchronize(stream));
+    MOE_ROUTING_RETURN_IF_ERROR(read_to_host(kOp, &verdict, first_bad, sizeof verdict, stream));
     if (verdict != kNoError) {
       int32_t value = 0;
-      MOE_ROUTING_CUDA_CHECK(kOp, cudaMemcpyAsync(&value, expanded_row_idx + verdict, sizeof value,
-                                                  cudaMemcpyDeviceToHost, stream));
-      MOE_ROUTING_CUDA_CHECK(kOp, cudaStreamSynchronize(stream));
+      MOE_ROUTING_RETURN_IF_ERROR(
+          read_to_host(kOp, &value, expanded_row_idx + verdict, sizeof value, stream));
       return grad_index_error(plan, int64_t(verdict), value);
     }
   }

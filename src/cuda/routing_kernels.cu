@@ -389,14 +389,11 @@ Status moe_init_routing(const char* op, const RoutingProblem& pr, bool reject_un
   int bits = key_bits(uint64_t(std::min<int64_t>(range, int64_t(1) << 32)));
   if (reject_unrouted || track_max) {
     Flags host{};
-    MOE_ROUTING_CUDA_CHECK(
-        op, cudaMemcpyAsync(&host, b.flags, sizeof host, cudaMemcpyDeviceToHost, stream));
-    MOE_ROUTING_CUDA_CHECK(op, cudaStreamSynchronize(stream));
+    MOE_ROUTING_RETURN_IF_ERROR(read_to_host(op, &host, b.flags, sizeof host, stream));
     if (host.first_bad != kNoError) {
       int32_t id = 0;
-      MOE_ROUTING_CUDA_CHECK(op, cudaMemcpyAsync(&id, pr.expert_idx + host.first_bad, sizeof id,
-                                                 cudaMemcpyDeviceToHost, stream));
-      MOE_ROUTING_CUDA_CHECK(op, cudaStreamSynchronize(stream));
+      MOE_ROUTING_RETURN_IF_ERROR(
+          read_to_host(op, &id, pr.expert_idx + host.first_bad, sizeof id, stream));
       return v2_expert_id_error(pr.top_k, pr.range_end, int64_t(host.first_bad), id);
     }
     if (track_max) bits = key_bits(uint64_t(host.max_key) + 1);
