@@ -884,19 +884,18 @@ TORCH_LIBRARY_IMPL(moe_routing, CPU, m) { register_kernels(m); }
 TORCH_LIBRARY_IMPL(moe_routing, CUDA, m) { register_kernels(m); }
 #endif
 
+/// The out= overloads: not differentiable (Autograd), and they bump what they write
+/// (ADInplaceOrView).
+constexpr const char* kOutOverloads[] = {"moe_init_routing_grad.out", "moe_init_routing.out",
+                                         "moe_finalize_routing.out",
+                                         "moe_finalize_routing_grad.out"};
+
 TORCH_LIBRARY_IMPL(moe_routing, ADInplaceOrView, m) {
-  for (const char* op : {"moe_init_routing_grad.out", "moe_init_routing.out",
-                         "moe_finalize_routing.out", "moe_finalize_routing_grad.out"})
+  for (const char* op : kOutOverloads)
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_bump_versions>());
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {
-  m.impl("moe_init_routing_grad.out",
-         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
-  m.impl("moe_init_routing.out",
-         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
-  m.impl("moe_finalize_routing.out",
-         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
-  m.impl("moe_finalize_routing_grad.out",
-         torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
+  for (const char* op : kOutOverloads)
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_autograd>());
 }
