@@ -23,7 +23,7 @@ int64_t last_level_cache_bytes();
 /// a larger reported cache is a big server's socket-wide L3, shared with cores the process does
 /// not see (a 2-vCPU VM on such a host reports all 480 MiB of it as its own); written through
 /// it, the 30-470 MB training-size outputs ran 1.1-2x slower than streamed (the dispatch's
-/// forward 2x, the combine's backward 1.4x; docs/PERFORMANCE.md, "The streaming threshold").
+/// forward 2x, the combine's backward 1.4x; docs/PERFORMANCE.md, "On an Intel VM").
 int64_t streaming_store_threshold_for_cache(int64_t cache_bytes);
 constexpr int64_t kStreamingStoreMinBytes = int64_t(8) << 20;
 constexpr int64_t kStreamingStoreMaxBytes = int64_t(32) << 20;
