@@ -118,15 +118,23 @@ int64_t sysfs_last_level_cache_bytes() {
   return best_level >= 3 ? best_bytes : 0;
 }
 
-int64_t default_streaming_store_threshold() {
-  constexpr int64_t kMinimum = int64_t(8) << 20, kUnknown = int64_t(32) << 20;
+}  // namespace
+
+int64_t last_level_cache_bytes() {
   int64_t cache = sysfs_last_level_cache_bytes();
 #if defined(_SC_LEVEL3_CACHE_SIZE)
   if (cache <= 0) cache = int64_t(sysconf(_SC_LEVEL3_CACHE_SIZE));
 #endif
-  if (cache <= 0) return kUnknown;
-  return cache < kMinimum ? kMinimum : cache;
+  return cache > 0 ? cache : 0;
 }
+
+int64_t streaming_store_threshold_for_cache(int64_t cache_bytes) {
+  if (cache_bytes <= 0) return kStreamingStoreMaxBytes;  // the OS does not tell
+  if (cache_bytes < kStreamingStoreMinBytes) return kStreamingStoreMinBytes;
+  return cache_bytes > kStreamingStoreMaxBytes ? kStreamingStoreMaxBytes : cache_bytes;
+}
+
+namespace {
 
 std::atomic<int64_t>& threshold_override() {
   static std::atomic<int64_t> value{0};
@@ -136,7 +144,8 @@ std::atomic<int64_t>& threshold_override() {
 }  // namespace
 
 int64_t streaming_store_threshold() {
-  static const int64_t default_value = default_streaming_store_threshold();
+  static const int64_t default_value =
+      streaming_store_threshold_for_cache(last_level_cache_bytes());
   const int64_t forced = threshold_override().load(std::memory_order_relaxed);
   return forced > 0 ? forced : default_value;
 }

@@ -6,14 +6,27 @@
 
 namespace moe_routing::detail {
 
-/// Outputs at least this large are written with non-temporal stores: the size of one instance of
-/// the last-level cache as Linux's sysfs reports it for CPU 0 (else sysconf's L3 size; at least
-/// 8 MiB; 32 MiB where the OS does not tell). A smaller output is written
+/// Outputs at least this large are written with non-temporal stores:
+/// streaming_store_threshold_for_cache(last_level_cache_bytes()). A smaller output is written
 /// through the cache, where the next operation (the expert GEMM, the next layer) finds it; a
 /// larger one would only evict everything else, and streaming it also saves the
-/// read-for-ownership of every line. Measured on a 32 MiB-L3 VM: a 15-29 MB forward output
-/// took 1.3-2.5x longer streamed, a 117 MB one twice as long cached.
+/// read-for-ownership of every line.
 int64_t streaming_store_threshold();
+
+/// Bytes of one instance of the last-level cache as Linux's sysfs reports it for CPU 0 (else
+/// sysconf's L3 size); 0 where the OS does not tell.
+int64_t last_level_cache_bytes();
+
+/// The streaming threshold for a last-level cache of `cache_bytes` (0: unknown): the cache's size
+/// within [8 MiB, 32 MiB], 32 MiB where unknown. Measured on a VM with a 32 MiB L3: a 15-29 MB
+/// forward output took 1.3-2.5x longer streamed, a 117 MB one twice as long cached. The cap:
+/// a larger reported cache is a big server's socket-wide L3, shared with cores the process does
+/// not see (a 2-vCPU VM on such a host reports all 480 MiB of it as its own); written through
+/// it, the 30-470 MB training-size outputs ran 1.1-2x slower than streamed (the dispatch's
+/// forward 2x, the combine's backward 1.4x; docs/PERFORMANCE.md, "On an Intel VM").
+int64_t streaming_store_threshold_for_cache(int64_t cache_bytes);
+constexpr int64_t kStreamingStoreMinBytes = int64_t(8) << 20;
+constexpr int64_t kStreamingStoreMaxBytes = int64_t(32) << 20;
 
 /// Tests only: overrides the threshold (bytes > 0), or restores the default (0).
 void set_streaming_store_threshold_for_testing(int64_t bytes);

@@ -84,8 +84,10 @@ struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
       constexpr int64_t kAhead = kFinalizePrefetchBytes / int64_t(sizeof(S));
       for (; (k + 2) * W <= n; k += 2) {
         if (k * W + kAhead < prefetch_left)
-          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64)
+          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64) {
             __builtin_prefetch(reinterpret_cast<const char*>(gy + k * W + kAhead) + b, 0, 3);
+            __builtin_prefetch(reinterpret_cast<const char*>(x + k * W + kAhead) + b, 0, 3);
+          }
         column_vector(k);
         column_vector(k + 1);
       }

@@ -100,8 +100,10 @@ struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
       // One vector per step: a cache line of 16-bit grad_y, two of float32.
       for (; j + W <= n; j += W) {
         if (j + kAhead < prefetch_left)
-          for (int64_t b = 0; b < W * int64_t(sizeof(S)); b += 64)
+          for (int64_t b = 0; b < W * int64_t(sizeof(S)); b += 64) {
             __builtin_prefetch(reinterpret_cast<const char*>(gy + j + kAhead) + b, 0, 3);
+            __builtin_prefetch(reinterpret_cast<const char*>(x + j + kAhead) + b, 0, 3);
+          }
         const V g = load<Tag>(gy + j);
         store<Tag, Stream>(out + j, mul(g, s));
         split(product_pairs<Tag>(x, kBias ? bias : nullptr, g, j), pairs + j / kTreeColumns);

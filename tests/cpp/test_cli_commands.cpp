@@ -161,6 +161,8 @@ TEST(CliInfo, ReportsVersionIsaAndThreads) {
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("available isas:  baseline"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("streaming stores: outputs of "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("the threshold is its size within 8-32 MiB)\n"), std::string::npos) << r.out;
   const CliResult three = run_cli(dir, {"info"}, CliOptions{{"MOE_ROUTING_NUM_THREADS=3"}});
   EXPECT_NE(three.out.find("default threads: 3 (MOE_ROUTING_NUM_THREADS=3)"), std::string::npos)
       << three.out;

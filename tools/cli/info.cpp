@@ -1,9 +1,12 @@
-// `moe-routing info`: version, CPU instruction sets and the default thread count.
+// `moe-routing info`: version, CPU instruction sets, the default thread count and the streaming
+// threshold.
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "commands.h"
+#include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "moe_routing/moe_routing.hpp"
 
@@ -16,8 +19,9 @@ class InfoCommand : public Command {
     return {"info", "version, CPU instruction set and thread defaults",
             "Prints the library version, the CPU instruction set the kernels use on this machine "
             "(the best one available), every instruction set this build contains and whether this "
-            "CPU runs it, and the default number of CPU threads (set it with the "
-            "MOE_ROUTING_NUM_THREADS environment variable).",
+            "CPU runs it, the default number of CPU threads (set it with the "
+            "MOE_ROUTING_NUM_THREADS environment variable), and the output size from which the "
+            "kernels write with streaming (cache-bypassing) stores.",
             "moe-routing info\nMOE_ROUTING_NUM_THREADS=1 moe-routing info"};
   }
 
@@ -35,10 +39,20 @@ class InfoCommand : public Command {
     }
     std::cout << '\n';
     std::cout << "default threads: " << get_num_threads() << threads_source() << '\n';
+    std::cout << "streaming stores: outputs of " << mib(detail::streaming_store_threshold())
+              << " and more bypass the caches (last-level cache: "
+              << (detail::last_level_cache_bytes() > 0 ? mib(detail::last_level_cache_bytes())
+                                                       : std::string("not reported"))
+              << "; the threshold is its size within 8-32 MiB)\n";
     return kExitOk;
   }
 
  private:
+  static std::string mib(int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g MiB", double(bytes) / double(int64_t(1) << 20));
+    return text;
+  }
   /// Where the default thread count comes from: the variable as the library read it (an
   /// invalid value is ignored, a large one capped: core/thread_pool.h), or every core.
   static std::string threads_source() {
