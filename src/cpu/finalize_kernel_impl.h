@@ -603,13 +603,20 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
   for (int64_t r = row_begin; r < row_end; ++r) {
     const int32_t* pairs = p.row_pairs + p.row_offsets[r];
     const int64_t n = p.row_offsets[r + 1] - p.row_offsets[r];
-    if (r + 1 < row_end) {  // the next row's first grad_y lines (the prefetchers' blind spot)
+    if (r + 1 < row_end) {  // the next row's first lines (the prefetchers' blind spot)
       const int64_t next = p.row_offsets[r + 1];
       const int lines = args.prefetch ? int(kFinalizePrefetchBytes / 64) : kFinalizePrefetchLines;
-      if (p.row_offsets[r + 2] > next)
-        for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l)
+      const char* next_x =
+          p.expanded_x != nullptr && args.prefetch
+              ? static_cast<const char*>(p.expanded_x) + (r + 1) * H * int64_t(sizeof(S))
+              : nullptr;
+      const bool has_pair = p.row_offsets[r + 2] > next;
+      for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l) {
+        if (has_pair)
           __builtin_prefetch(
               reinterpret_cast<const char*>(gy + (p.row_pairs[next] / p.top_k) * H) + 64 * l, 0, 3);
+        if (next_x != nullptr) __builtin_prefetch(next_x + 64 * l, 0, 3);
+      }
     }
     S* out = static_cast<S*>(p.grad_expanded_x) + r * H;
     // expanded_x is absent when grad_scales is not computed (no pointer arithmetic on null).
