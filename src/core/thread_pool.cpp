@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -217,6 +218,15 @@ int threads_for_bytes(int threads, int64_t bytes) {
   const int64_t useful = bytes / backend_min_bytes_per_thread().load(std::memory_order_relaxed);
   if (useful < 1) return 1;
   return useful < threads ? int(useful) : threads;
+}
+
+int64_t saturating_mul(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  return a > std::numeric_limits<int64_t>::max() / b ? std::numeric_limits<int64_t>::max() : a * b;
+}
+
+int64_t saturating_add(int64_t a, int64_t b) {
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
 }
 
 void reserve_threads(int num_threads) {

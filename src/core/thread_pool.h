@@ -47,6 +47,14 @@ constexpr int64_t kMinBytesPerThread = int64_t(2) << 20;
 /// kMinBytesPerThread (or the host pool's threshold).
 int threads_for_bytes(int threads, int64_t bytes);
 
+/// a * b and a + b of non-negative counts, or INT64_MAX where the result does not fit. The CPU
+/// backend builds the byte estimates it passes to threads_for_bytes with these: with no rows,
+/// hidden and top_k may be anything (x of shape [0, 2^63 - 1] is valid), so plain arithmetic
+/// could overflow. A formula nested from them gives its exact value where that fits and INT64_MAX
+/// where it does not, whichever intermediate result overflowed (a saturated one times 0 is 0).
+int64_t saturating_mul(int64_t a, int64_t b);
+int64_t saturating_add(int64_t a, int64_t b);
+
 /// A non-owning reference to a callable taking (begin, end): unlike std::function it never
 /// allocates, so a kernel's parallel loops allocate nothing (the C ABI's phase two promises that).
 /// The callable must outlive the call it is passed to, which every use here satisfies.

@@ -29,19 +29,11 @@ int64_t unit_width(int64_t rows, int64_t hidden, int threads, int64_t max_width)
   return width < max_width ? width : max_width;
 }
 
-/// a * b and a + b of non-negative counts, or INT64_MAX where that overflows (the byte counts
-/// only choose thread counts; with no rows, top_k and hidden are unbounded).
-int64_t saturating_mul(int64_t a, int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  return a > INT64_MAX / b ? INT64_MAX : a * b;
-}
-int64_t saturating_add(int64_t a, int64_t b) { return a > INT64_MAX - b ? INT64_MAX : a + b; }
-
 /// The forward's threads: its traffic is each output row, its sources and the inputs read per row.
 int forward_threads(int64_t rows, int64_t top_k, int64_t hidden, DType dtype, int num_threads) {
-  const int64_t bytes =
-      saturating_mul(saturating_mul(rows, hidden),
-                     saturating_mul(int64_t(dtype_size(dtype)), saturating_add(top_k, 2)));
+  const int64_t bytes = detail::saturating_mul(
+      detail::saturating_mul(rows, hidden),
+      detail::saturating_mul(int64_t(dtype_size(dtype)), detail::saturating_add(top_k, 2)));
   return detail::threads_for_bytes(detail::resolve_num_threads(num_threads), bytes);
 }
 
@@ -68,15 +60,16 @@ struct GradThreads {
 GradThreads grad_threads(int64_t expanded_rows, int64_t pairs, int64_t hidden, int64_t experts,
                          DType dtype, bool grad_scales, bool grad_bias, int num_threads) {
   const int requested = detail::resolve_num_threads(num_threads);
-  const int64_t row_bytes = saturating_mul(hidden, int64_t(dtype_size(dtype)));
+  const int64_t row_bytes = detail::saturating_mul(hidden, int64_t(dtype_size(dtype)));
   GradThreads threads;
   threads.rows = detail::threads_for_bytes(
       requested,
-      saturating_mul(saturating_add(saturating_mul(pairs, grad_scales ? 2 : 1), expanded_rows),
-                     row_bytes));
+      detail::saturating_mul(
+          detail::saturating_add(detail::saturating_mul(pairs, grad_scales ? 2 : 1), expanded_rows),
+          row_bytes));
   if (grad_bias && experts > 0)
     threads.bias = detail::threads_for_bytes(
-        requested, saturating_mul(saturating_add(experts, pairs), row_bytes));
+        requested, detail::saturating_mul(detail::saturating_add(experts, pairs), row_bytes));
   return threads;
 }
 
@@ -108,7 +101,7 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
   args.stream_output = N * H * element >= detail::streaming_store_threshold();
   // Sources beyond half the last-level cache are not expected to be in it (see
   // kFinalizePrefetchLines).
-  if (saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
+  if (detail::saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
     args.prefetch = finalize_prefetch_bytes(H * element, K);
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto kernel = &baseline::finalize_kernel;

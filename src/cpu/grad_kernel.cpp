@@ -2,8 +2,6 @@
 // instruction set, the parallel loop. The kernels themselves are grad_kernel_<isa>.cpp.
 #include "cpu/grad_kernel.h"
 
-#include <limits>
-
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "cpu/cpu_backend.h"
@@ -11,13 +9,13 @@
 namespace moe_routing::cpu {
 
 int moe_init_routing_grad_threads(const MoeInitRoutingGradPlan& plan, int num_threads) {
-  const int64_t element = int64_t(dtype_size(plan.dtype));
-  // Saturates instead of overflowing (no rows: any hidden size is valid).
-  const double bytes =
-      double(plan.num_rows) * double(plan.top_k) * (double(plan.hidden) * double(element) + 4);
-  return detail::threads_for_bytes(
-      detail::resolve_num_threads(num_threads),
-      bytes >= 9.2e18 ? std::numeric_limits<int64_t>::max() : int64_t(bytes));
+  // num_rows * top_k * (hidden * element + 4), saturating instead of overflowing (no rows: any
+  // hidden size is valid).
+  const int64_t bytes = detail::saturating_mul(
+      detail::saturating_mul(plan.num_rows, plan.top_k),
+      detail::saturating_add(detail::saturating_mul(plan.hidden, int64_t(dtype_size(plan.dtype))),
+                             4));
+  return detail::threads_for_bytes(detail::resolve_num_threads(num_threads), bytes);
 }
 
 void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, CpuIsa isa) {

@@ -500,14 +500,12 @@ class OwnedScratch {
 /// Bytes a call moves: the rows written (each a copy of an x row) plus the index arrays.
 /// Saturates instead of overflowing: with no rows, H may be anything (x [0, H] is valid).
 int64_t routing_bytes(const RoutingProblem& problem) {
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  const int64_t index_bytes = problem.pairs() * 12;
   const int64_t element =
       std::max<int64_t>(1, problem.quant_mode == -1 ? int64_t(dtype_size(problem.x_dtype)) : 1);
-  const int64_t rows = problem.expanded_rows, hidden = problem.hidden;
-  if (rows == 0 || hidden == 0) return index_bytes;
-  if (hidden > (kMax - index_bytes) / element / rows) return kMax;
-  return rows * hidden * element + index_bytes;
+  return detail::saturating_add(
+      detail::saturating_mul(detail::saturating_mul(problem.expanded_rows, problem.hidden),
+                             element),
+      detail::saturating_mul(problem.pairs(), 12));
 }
 
 /// The threads a problem runs on: the requested count (0 = the library default), fewer for

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -99,6 +100,49 @@ TEST(ThreadPool, ThreadsForBytesFollowTheInstalledPool) {
   set_parallel_backend(nullptr);
   EXPECT_EQ(detail::threads_for_bytes(4, 3 * MiB), 1);
   EXPECT_EQ(detail::threads_for_bytes(4, 5 * MiB), 2);
+}
+
+// The byte estimates' arithmetic: exact up to INT64_MAX inclusive, INT64_MAX beyond it (a fuzz
+// input, finalize with no rows and top_k near 2^63, once overflowed a plain product).
+TEST(ThreadPool, SaturatingArithmeticStopsAtInt64Max) {
+  constexpr int64_t kMax = INT64_MAX;
+  EXPECT_EQ(detail::saturating_mul(0, 0), 0);
+  EXPECT_EQ(detail::saturating_mul(0, kMax), 0);
+  EXPECT_EQ(detail::saturating_mul(kMax, 0), 0);
+  EXPECT_EQ(detail::saturating_mul(1, 1), 1);
+  EXPECT_EQ(detail::saturating_mul(4096, 7168), int64_t(4096) * 7168);
+  EXPECT_EQ(detail::saturating_mul(kMax, 1), kMax);
+  EXPECT_EQ(detail::saturating_mul(1, kMax), kMax);
+  // 2^63 - 1 = 7 * 7 * 73 * 127 * 337 * 92737 * 649657: exact products landing on INT64_MAX.
+  EXPECT_EQ(detail::saturating_mul(7, kMax / 7), kMax);
+  EXPECT_EQ(detail::saturating_mul(kMax / 49, 49), kMax);
+  EXPECT_EQ(detail::saturating_mul(int64_t(7) * 7 * 73 * 127 * 337, int64_t(92737) * 649657), kMax);
+  EXPECT_EQ(detail::saturating_mul(int64_t(3037000499), int64_t(3037000499)),
+            int64_t(3037000499) * 3037000499);  // the largest square that fits
+  // Just past INT64_MAX.
+  EXPECT_EQ(detail::saturating_mul(7, kMax / 7 + 1), kMax);
+  EXPECT_EQ(detail::saturating_mul(int64_t(3037000500), int64_t(3037000500)), kMax);
+  EXPECT_EQ(detail::saturating_mul(int64_t(1) << 32, int64_t(1) << 31), kMax);  // 2^63
+  EXPECT_EQ(detail::saturating_mul(2, kMax / 2 + 1), kMax);
+  EXPECT_EQ(detail::saturating_mul(kMax, 2), kMax);
+  EXPECT_EQ(detail::saturating_mul(kMax, kMax), kMax);
+
+  EXPECT_EQ(detail::saturating_add(0, 0), 0);
+  EXPECT_EQ(detail::saturating_add(0, kMax), kMax);
+  EXPECT_EQ(detail::saturating_add(kMax, 0), kMax);
+  EXPECT_EQ(detail::saturating_add(3, 4), 7);
+  EXPECT_EQ(detail::saturating_add(kMax - 4, 4), kMax);
+  EXPECT_EQ(detail::saturating_add(4, kMax - 4), kMax);
+  EXPECT_EQ(detail::saturating_add(kMax - 4, 3), kMax - 1);
+  EXPECT_EQ(detail::saturating_add(kMax - 4, 5), kMax);
+  EXPECT_EQ(detail::saturating_add(kMax / 2 + 1, kMax / 2 + 1), kMax);
+  EXPECT_EQ(detail::saturating_add(1, kMax), kMax);
+  EXPECT_EQ(detail::saturating_add(kMax, kMax), kMax);
+
+  // Nested, as the estimates are: a saturated intermediate stays saturated, unless times 0.
+  EXPECT_EQ(detail::saturating_add(detail::saturating_mul(kMax, 2), 4), kMax);
+  EXPECT_EQ(detail::saturating_mul(detail::saturating_add(kMax, 2), 0), 0);
+  EXPECT_EQ(detail::threads_for_bytes(4, detail::saturating_mul(kMax, kMax)), 4);
 }
 
 }  // namespace
