@@ -99,8 +99,8 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
       unit_width(N, H, threads, K > kFinalizeTermsPerPass ? kFinalizeAccColumns : INT64_MAX);
   args.tiles_per_row = (H + args.tile_width - 1) / args.tile_width;
   args.stream_output = N * H * element >= detail::streaming_store_threshold();
-  // Sources beyond half the last-level cache are not expected to be in it (see
-  // kFinalizePrefetchLines).
+  // Sources beyond half the streaming threshold (the last-level cache within 8-32 MiB) are not
+  // expected to be in the cache (see kFinalizePrefetchLines).
   if (detail::saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
     args.prefetch = finalize_prefetch_bytes(H * element, K);
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
