@@ -71,16 +71,18 @@ int moe_finalize_routing_threads(const MoeFinalizeRoutingPlan& plan, int num_thr
 int moe_finalize_routing_grad_threads(const MoeFinalizeRoutingGradPlan& plan, int num_threads);
 
 /// Bytes of scratch moe_finalize_routing_grad needs: the non-dropped pairs listed by row of
-/// grad_expanded_x and, with grad_bias, by expert (independent of the thread count).
+/// grad_expanded_x, the order its rows are visited in and, with grad_bias, the pairs listed by
+/// expert (independent of the thread count).
 uint64_t finalize_grad_workspace_bytes(int64_t pairs, int64_t expanded_rows, int64_t experts,
                                        bool grad_bias);
 
 /// moe_finalize_routing_grad: the pair lists (a counting sort, so each row's and each expert's
 /// pairs are in increasing pair index), then rows of grad_expanded_x with the grad_scales of
-/// their pairs, then (expert, column tile) units of grad_bias, in parallel. The lists live in
-/// `workspace` (finalize_grad_workspace_bytes, any alignment); with a null workspace the backend
-/// allocates them before the first output is written (std::bad_alloc leaves the outputs
-/// untouched). Indices must be checked. Arguments as for moe_init_routing.
+/// their pairs (visited token-major: the rows of one pair in pair order, then the rest), then
+/// (expert, column tile) units of grad_bias, in parallel. The lists live in `workspace`
+/// (finalize_grad_workspace_bytes, any alignment); with a null workspace the backend allocates them
+/// before the first output is written (std::bad_alloc leaves the outputs untouched). Indices must
+/// be checked. Arguments as for moe_init_routing.
 void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem problem, int num_threads,
                                CpuIsa isa, void* workspace);
 

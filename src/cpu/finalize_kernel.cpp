@@ -117,7 +117,7 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
 
 uint64_t finalize_grad_workspace_bytes(int64_t pairs, int64_t expanded_rows, int64_t experts,
                                        bool grad_bias) {
-  uint64_t ints = uint64_t(expanded_rows) + 2 + uint64_t(pairs);
+  uint64_t ints = 2 * uint64_t(expanded_rows) + 2 + uint64_t(pairs);
   if (grad_bias) ints += uint64_t(experts) + 2 + uint64_t(pairs);
   return ints * sizeof(int32_t) + alignof(int32_t);
 }
@@ -163,8 +163,25 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
       row_pairs);
   p.row_offsets = row_offsets;
   p.row_pairs = row_pairs;
+  // The order the rows are visited in: the rows named by one pair in pair order (token-major:
+  // a token's grad_y row is read from memory once and stays in the core's cache for its K rows),
+  // then the others (rows named by no pair or by several). In the row order (expert-major after
+  // a dispatch) each grad_y row is read again for each of its K rows once the batch exceeds the
+  // caches: at 4096 tokens the pair order took 10-15 % less time (docs/PERFORMANCE.md). Which
+  // thread computes a row changes nothing in it.
+  int32_t* row_order = row_pairs + pairs;
+  {
+    int64_t at = 0;
+    for (int64_t q = 0; q < pairs; ++q) {
+      if (p.dropped(q)) continue;
+      const int64_t r = p.expanded_row_idx[q];
+      if (row_offsets[r + 1] - row_offsets[r] == 1) row_order[at++] = int32_t(r);
+    }
+    for (int64_t r = 0; r < R; ++r)
+      if (row_offsets[r + 1] - row_offsets[r] != 1) row_order[at++] = int32_t(r);
+  }
   if (p.grad_bias != nullptr) {
-    int32_t* expert_offsets = row_pairs + pairs;
+    int32_t* expert_offsets = row_order + R;
     int32_t* expert_pairs = expert_offsets + E + 2;
     build_pair_lists(
         pairs, E, p, [&](int64_t q) { return int64_t(p.expert_idx[q]); }, expert_offsets,
@@ -194,7 +211,7 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
     bias_kernel = &avx512::finalize_grad_bias;
   }
 #endif
-  FinalizeGradKernelArgs args{p, 0, 0, false, false};
+  FinalizeGradKernelArgs args{p, 0, 0, false, false, row_order};
   args.stream_output = R * H * element >= detail::streaming_store_threshold();
   args.prefetch = R * H * element >= detail::streaming_store_threshold() / 2;
   detail::parallel_for(R, threads.rows,

@@ -34,8 +34,9 @@ struct FinalizeGradKernelArgs {
   detail::FinalizeRoutingGradProblem problem;
   int64_t bias_tile_width;
   int64_t bias_tiles_per_row;
-  bool stream_output;  // write grad_expanded_x with non-temporal stores
-  bool prefetch;       // request grad_y's lines ahead (rows far larger than the caches)
+  bool stream_output;        // write grad_expanded_x with non-temporal stores
+  bool prefetch;             // request grad_y's lines ahead (rows far larger than the caches)
+  const int32_t* row_order;  // [R]: the rows of grad_expanded_x in the order threads visit them
 };
 
 namespace baseline {

@@ -600,17 +600,19 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
   const FinalizeRoutingGradProblem& p = args.problem;
   const int64_t H = p.hidden;
   const S* gy = static_cast<const S*>(p.grad_y);
-  for (int64_t r = row_begin; r < row_end; ++r) {
+  for (int64_t i = row_begin; i < row_end; ++i) {
+    const int64_t r = args.row_order[i];
     const int32_t* pairs = p.row_pairs + p.row_offsets[r];
     const int64_t n = p.row_offsets[r + 1] - p.row_offsets[r];
-    if (r + 1 < row_end) {  // the next row's first lines (the prefetchers' blind spot)
-      const int64_t next = p.row_offsets[r + 1];
+    if (i + 1 < row_end) {  // the next row's first lines (the prefetchers' blind spot)
+      const int64_t rn = args.row_order[i + 1];
+      const int64_t next = p.row_offsets[rn];
       const int lines = args.prefetch ? int(kFinalizePrefetchBytes / 64) : kFinalizePrefetchLines;
       const char* next_x =
           p.expanded_x != nullptr && args.prefetch
-              ? static_cast<const char*>(p.expanded_x) + (r + 1) * H * int64_t(sizeof(S))
+              ? static_cast<const char*>(p.expanded_x) + rn * H * int64_t(sizeof(S))
               : nullptr;
-      const bool has_pair = p.row_offsets[r + 2] > next;
+      const bool has_pair = p.row_offsets[rn + 1] > next;
       for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l) {
         if (has_pair)
           __builtin_prefetch(
