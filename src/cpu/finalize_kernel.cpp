@@ -38,15 +38,17 @@ int forward_threads(int64_t rows, int64_t top_k, int64_t hidden, DType dtype, in
 }
 
 /// The forward's prefetch distance for rows of `row_bytes` summed `top_k` at a time: with 8 or
-/// more, the smallest power of two >= row_bytes / 16 within [256, 1024] bytes, else 1 KiB.
-/// Measured paired (bf16, K = 8, two threads, 4096 tokens): at H = 7168 1 KiB is best (512 B: 4 %
-/// more time); at H = 4096 512 B takes 4 % less than 1 KiB (256 B ties with 512 B); at H = 2048
-/// (4 KiB rows) 256 B takes 12 % less than 1 KiB (5 % at 1024 tokens). Each row's K sources are
-/// short streams: a long distance requests lines long before they are used, and past the row's
-/// end none are requested. With K = 2 (Mixtral, H = 4096) 512 B measured slower than 1 KiB.
+/// more, the smallest power of two >= row_bytes / 16 within [512, 1024] bytes, else 1 KiB.
+/// Measured paired (bf16, K = 8, two threads, 4096 tokens) on an AMD VM: at H = 7168 1 KiB is
+/// best (512 B: 4 % more time); at H = 4096 512 B takes 4 % less than 1 KiB (256 B ties with
+/// 512 B); at H = 2048 (4 KiB rows) 256 B took 12 % less than 1 KiB. On an Intel VM at H = 2048,
+/// 512 B took 6-7 % less than 256 B at 2048 and 4096 tokens (2 % more at 1024, where the sources
+/// sit in the cache), hence the lower bound. Each row's K sources are short streams: a long
+/// distance requests lines long before they are used, and past the row's end none are requested.
+/// With K = 2 (Mixtral, H = 4096) 512 B measured slower than 1 KiB.
 int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k) {
   if (top_k < 8) return 1024;
-  int64_t bytes = 256;
+  int64_t bytes = 512;
   while (bytes < 1024 && bytes * 16 < row_bytes) bytes *= 2;
   return bytes;
 }
