@@ -139,6 +139,34 @@ void build_pair_lists(int64_t pairs, int64_t keys, const detail::FinalizeRouting
     if (!p.dropped(q)) sorted[offsets[key_of(q) + 1]++] = int32_t(q);
 }
 
+/// The order the rows of grad_expanded_x are visited in: the rows named by one pair in pair
+/// order (token-major: a token's grad_y row is read from memory once and stays in the core's
+/// cache for its K rows), with the other rows (named by no pair, or by several) spread evenly
+/// among them, so that every thread's contiguous share of the order holds its share of both (a
+/// drop-pad layout may leave many rows empty: write-only work). In the row order (expert-major
+/// after a dispatch) each grad_y row was read again for each of its K rows once the batch
+/// exceeded the caches: at 4096 tokens the pair order took 10-15 % less time
+/// (docs/PERFORMANCE.md). Which thread computes a row changes nothing in it.
+void build_visit_order(const detail::FinalizeRoutingGradProblem& p, int64_t rows,
+                       const int32_t* row_offsets, int32_t* order) {
+  auto single = [&](int64_t r) { return row_offsets[r + 1] - row_offsets[r] == 1; };
+  int64_t others = 0;
+  for (int64_t r = 0; r < rows; ++r) others += single(r) ? 0 : 1;
+  int64_t q = 0, r = 0, placed_others = 0;
+  for (int64_t k = 0; k < rows; ++k) {
+    // After k + 1 places, floor((k + 1) * others / rows) of them hold other rows.
+    if ((placed_others + 1) * rows <= (k + 1) * others) {
+      while (single(r)) ++r;
+      order[k] = int32_t(r++);
+      ++placed_others;
+    } else {
+      // Each row named by one pair is that pair's: as many such pairs as such rows remain.
+      while (p.dropped(q) || !single(p.expanded_row_idx[q])) ++q;
+      order[k] = p.expanded_row_idx[q++];
+    }
+  }
+}
+
 }  // namespace
 
 void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_threads, CpuIsa isa,
@@ -165,23 +193,8 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
       row_pairs);
   p.row_offsets = row_offsets;
   p.row_pairs = row_pairs;
-  // The order the rows are visited in: the rows named by one pair in pair order (token-major:
-  // a token's grad_y row is read from memory once and stays in the core's cache for its K rows),
-  // then the others (rows named by no pair or by several). In the row order (expert-major after
-  // a dispatch) each grad_y row is read again for each of its K rows once the batch exceeds the
-  // caches: at 4096 tokens the pair order took 10-15 % less time (docs/PERFORMANCE.md). Which
-  // thread computes a row changes nothing in it.
   int32_t* row_order = row_pairs + pairs;
-  {
-    int64_t at = 0;
-    for (int64_t q = 0; q < pairs; ++q) {
-      if (p.dropped(q)) continue;
-      const int64_t r = p.expanded_row_idx[q];
-      if (row_offsets[r + 1] - row_offsets[r] == 1) row_order[at++] = int32_t(r);
-    }
-    for (int64_t r = 0; r < R; ++r)
-      if (row_offsets[r + 1] - row_offsets[r] != 1) row_order[at++] = int32_t(r);
-  }
+  build_visit_order(p, R, row_offsets, row_order);
   if (p.grad_bias != nullptr) {
     int32_t* expert_offsets = row_order + R;
     int32_t* expert_pairs = expert_offsets + E + 2;

@@ -73,6 +73,15 @@ TEST(FinalizeGradRandom, EveryOptionStreamedAndPrefetchedMatchesTheReference) {
   expect_every_option_matches(rng);
 }
 
+TEST(FinalizeGradRandom, EveryOptionSplitAcrossThreadsMatchesTheReference) {
+  // The rows are visited in an order of their own (the rows of one pair in pair order, the empty
+  // and shared rows spread among them) and split into contiguous shares of it: every option, its
+  // empty rows (mode 1's unfilled slots) and shared rows included, split into 2, 3 and 8 pieces.
+  testing::EveryJobSplitIntoPieces pieces;
+  testing::Random rng(161803);
+  expect_every_option_matches(rng);
+}
+
 TEST(FinalizeGradRandom, GradScalesOrdersAtTheirShapeChanges) {
   // atlas_a2: one group (H <= 512), several, a ragged last group, more than one chunk (12264
   // float32 products with bias, 19616 16-bit without). ascend_950: one tree (H <= 64), the fold,
@@ -155,11 +164,17 @@ TEST(FinalizeGradRandom, ThreadCountsAndRepeatedRunsGiveTheSameBits) {
   FinalizeGradCase c = testing::make_finalize_grad_case(rng, DType::bfloat16, 0,
                                                         Numerics::ascend_950, o, 200, 8, 200);
   const GradResult first = testing::run_finalize_grad_case(c, {Backend::cpu, best_cpu_isa(), 1});
-  for (int threads : {2, 4, 7, 16})
-    for (int repeat = 0; repeat < 2; ++repeat)
-      EXPECT_TRUE(testing::grad_results_equal(
-          first, testing::run_finalize_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
-          << threads << " threads, run " << repeat;
+  // With the built-in pool (which gives a job this small one thread), then split into as many
+  // pieces as threads asked for.
+  for (const bool split : {false, true}) {
+    std::optional<testing::EveryJobSplitIntoPieces> pieces;
+    if (split) pieces.emplace();
+    for (int threads : {2, 4, 7, 16})
+      for (int repeat = 0; repeat < 2; ++repeat)
+        EXPECT_TRUE(testing::grad_results_equal(
+            first, testing::run_finalize_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+            << threads << (split ? " pieces" : " threads") << ", run " << repeat;
+  }
 }
 
 TEST(FinalizeGradRandom, EmptyInputsGiveCorrectlyShapedResults) {

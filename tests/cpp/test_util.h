@@ -1,11 +1,12 @@
 // Helpers shared by the C++ tests: the test cases of tools/cases/ (moe_routing::cases, visible
 // here as moe_routing::testing: typed buffers, owning tensors, the runners, the random
-// generators), their comparisons as GoogleTest assertions, and a scoped override of the
-// streaming-store threshold.
+// generators), their comparisons as GoogleTest assertions, and scoped overrides of the
+// streaming-store threshold and of the parallel loop.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "cases/random.h"
@@ -40,6 +41,25 @@ class StreamingThresholdOverride {
   ~StreamingThresholdOverride() { detail::set_streaming_store_threshold_for_testing(0); }
   StreamingThresholdOverride(const StreamingThresholdOverride&) = delete;
   StreamingThresholdOverride& operator=(const StreamingThresholdOverride&) = delete;
+};
+
+/// Runs the kernels' parallel loops for a scope through a host loop that gives every job, however
+/// small, as many pieces as it asks threads for and runs them one after the other on the calling
+/// thread, last piece first: small test cases then take the multi-threaded splits (each piece a
+/// contiguous share of the units) that the built-in pool keeps for jobs of 2 MiB per thread.
+class EveryJobSplitIntoPieces {
+ public:
+  EveryJobSplitIntoPieces() { set_parallel_backend(&reverse_pieces, 1); }
+  ~EveryJobSplitIntoPieces() { set_parallel_backend(nullptr); }
+  EveryJobSplitIntoPieces(const EveryJobSplitIntoPieces&) = delete;
+  EveryJobSplitIntoPieces& operator=(const EveryJobSplitIntoPieces&) = delete;
+
+ private:
+  static void reverse_pieces(int64_t num_tasks, int pieces, void (*task)(void*, int64_t, int64_t),
+                             void* context) {
+    for (int64_t piece = pieces - 1; piece >= 0; --piece)
+      task(context, num_tasks * piece / pieces, num_tasks * (piece + 1) / pieces);
+  }
 };
 
 }  // namespace moe_routing::testing
