@@ -203,10 +203,11 @@ Status check_moe_finalize_routing_grad_indices(const int32_t* expanded_row_idx,
                                                const int32_t* expert_idx,
                                                const MoeFinalizeRoutingGradPlan& plan);
 
-/// Bytes of scratch memory the CPU kernels need for a planned call (the pair lists per row and,
-/// when grad_bias is computed, per expert). Pass a buffer this large as ExecConfig::workspace
-/// and the call allocates nothing. With a plan from infer alone, compute_grad_bias is whether
-/// bias is given: enough for a call that passes grad_bias, and more than one that does not.
+/// Bytes of scratch memory the CPU kernels need for a planned call (the pair lists per row, the
+/// order the rows are visited in and, when grad_bias is computed, the pair lists per expert). Pass
+/// a buffer this large as ExecConfig::workspace and the call allocates nothing. With a plan from
+/// infer alone, compute_grad_bias is whether bias is given: enough for a call that passes
+/// grad_bias, and more than one that does not.
 uint64_t moe_finalize_routing_grad_workspace_size(const MoeFinalizeRoutingGradPlan& plan,
                                                   int num_threads = 0);
 

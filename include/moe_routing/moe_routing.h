@@ -707,8 +707,9 @@ mrStatus mrMoeFinalizeRoutingV2GradInferShape(
  * @param gradBiasOut       NULL (not computed) or exactly as inferred; needs bias.
  *                          No output may share memory with an input or another output.
  * @param workspaceSize     receives the workspace size phase two needs (CPU tensors: the pair
- *                          lists, about 4 bytes per pair and per row of gradExpandedX, and per
- *                          pair and expert with gradBiasOut; CUDA tensors: 0). Must not be NULL.
+ *                          lists and the rows' visiting order, 4 bytes per pair and 8 per row
+ *                          of gradExpandedX, plus 4 per pair and per expert with gradBiasOut;
+ *                          CUDA tensors: 0). Must not be NULL.
  * @param executor          receives the plan; set to NULL on failure. Must not be NULL.
  * @return as mrMoeFinalizeRoutingGetWorkspaceSize.
  */

@@ -78,7 +78,7 @@ uint64_t finalize_grad_workspace_bytes(int64_t pairs, int64_t expanded_rows, int
 
 /// moe_finalize_routing_grad: the pair lists (a counting sort, so each row's and each expert's
 /// pairs are in increasing pair index), then rows of grad_expanded_x with the grad_scales of
-/// their pairs (visited token-major: the rows of one pair in pair order, then the rest), then
+/// their pairs (visited token-major: build_visit_order in finalize_kernel.cpp), then
 /// (expert, column tile) units of grad_bias, in parallel. The lists live in `workspace`
 /// (finalize_grad_workspace_bytes, any alignment); with a null workspace the backend allocates them
 /// before the first output is written (std::bad_alloc leaves the outputs untouched). Indices must

@@ -145,7 +145,7 @@ void build_pair_lists(int64_t pairs, int64_t keys, const detail::FinalizeRouting
 /// among them, so that every thread's contiguous share of the order holds its share of both (a
 /// drop-pad layout may leave many rows empty: write-only work). In the row order (expert-major
 /// after a dispatch) each grad_y row was read again for each of its K rows once the batch
-/// exceeded the caches: at 4096 tokens the pair order took 10-15 % less time
+/// exceeded the caches: at 4096 tokens the pair order took 6-14 % less time
 /// (docs/PERFORMANCE.md). Which thread computes a row changes nothing in it.
 void build_visit_order(const detail::FinalizeRoutingGradProblem& p, int64_t rows,
                        const int32_t* row_offsets, int32_t* order) {

@@ -287,8 +287,8 @@ TEST_F(NoAllocation, MoeFinalizeRoutingPhaseTwo) {
       }
 }
 
-// The combine's backward keeps its pair lists (by row, and by expert for gradBias) in the
-// caller's workspace.
+// The combine's backward keeps its pair lists (by row, and by expert for gradBias) and the rows'
+// visiting order in the caller's workspace.
 TEST_F(NoAllocation, MoeFinalizeRoutingV2GradPhaseTwo) {
   const int64_t pairs = kTokens * kTopK, capacity = pairs / kExperts;
   for (int64_t mode : {0, 1})

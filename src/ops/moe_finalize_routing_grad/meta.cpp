@@ -229,7 +229,8 @@ Status validate_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in
                      {"grad_scales", out.grad_scales, grad_scales},
                      {"grad_bias", out.grad_bias, grad_bias}},
                     config));
-  // A caller's workspace must hold the pair lists (the CPU backend's scratch).
+  // A caller's workspace must hold the pair lists and the visiting order (the CPU backend's
+  // scratch).
   if (config.workspace == nullptr || in.grad_y.device != Device::cpu ||
       config.backend == Backend::reference)
     return Status::ok();
