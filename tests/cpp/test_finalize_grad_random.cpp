@@ -164,17 +164,13 @@ TEST(FinalizeGradRandom, ThreadCountsAndRepeatedRunsGiveTheSameBits) {
   FinalizeGradCase c = testing::make_finalize_grad_case(rng, DType::bfloat16, 0,
                                                         Numerics::ascend_950, o, 200, 8, 200);
   const GradResult first = testing::run_finalize_grad_case(c, {Backend::cpu, best_cpu_isa(), 1});
-  // With the built-in pool (which gives a job this small one thread), then split into as many
-  // pieces as threads asked for.
-  for (const bool split : {false, true}) {
-    std::optional<testing::EveryJobSplitIntoPieces> pieces;
-    if (split) pieces.emplace();
-    for (int threads : {2, 4, 7, 16})
-      for (int repeat = 0; repeat < 2; ++repeat)
-        EXPECT_TRUE(testing::grad_results_equal(
-            first, testing::run_finalize_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
-            << threads << (split ? " pieces" : " threads") << ", run " << repeat;
-  }
+  // With the built-in pool (which gives a job this small one thread), then split into pieces.
+  testing::for_each_split({2, 4, 7, 16}, [&](int threads, const std::string& what) {
+    for (int repeat = 0; repeat < 2; ++repeat)
+      EXPECT_TRUE(testing::grad_results_equal(
+          first, testing::run_finalize_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+          << what << ", run " << repeat;
+  });
 }
 
 TEST(FinalizeGradRandom, EmptyInputsGiveCorrectlyShapedResults) {

@@ -178,17 +178,13 @@ TEST(FinalizeRandom, ThreadCountsAndRepeatedRunsGiveTheSameBits) {
       testing::make_finalize_case(rng, DType::bfloat16, 2, Numerics::atlas_a2, o, 257, 8, 300);
   const testing::Runner one{Backend::cpu, best_cpu_isa(), 1};
   const FloatBuffer first = testing::run_finalize_case(c, one);
-  // With the built-in pool (which gives a job this small one thread), then split into as many
-  // pieces as threads asked for.
-  for (const bool split : {false, true}) {
-    std::optional<testing::EveryJobSplitIntoPieces> pieces;
-    if (split) pieces.emplace();
-    for (int threads : {1, 2, 4, 7, 16})
-      for (int repeat = 0; repeat < 3; ++repeat)
-        EXPECT_TRUE(testing::bitwise_equal(
-            first, testing::run_finalize_case(c, {Backend::cpu, best_cpu_isa(), threads})))
-            << threads << (split ? " pieces" : " threads") << ", run " << repeat;
-  }
+  // With the built-in pool (which gives a job this small one thread), then split into pieces.
+  testing::for_each_split({1, 2, 4, 7, 16}, [&](int threads, const std::string& what) {
+    for (int repeat = 0; repeat < 3; ++repeat)
+      EXPECT_TRUE(testing::bitwise_equal(
+          first, testing::run_finalize_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+          << what << ", run " << repeat;
+  });
   ASSERT_TRUE(set_num_threads(3).is_ok());
   EXPECT_TRUE(testing::bitwise_equal(
       first, testing::run_finalize_case(c, {Backend::automatic, CpuIsa::automatic, 0})));

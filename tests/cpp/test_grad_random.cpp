@@ -114,17 +114,13 @@ TEST(GradRandom, RepeatedRunsAndThreadCountsGiveTheSameBits) {
   GradCase c = testing::make_grad_case(rng, GradScenario::dropless, DType::bfloat16, 257, 8, 300);
   const testing::Runner one{Backend::cpu, best_cpu_isa(), 1};
   FloatBuffer first = testing::run_grad_case(c, one);
-  // With the built-in pool (which gives a job this small one thread), then split into as many
-  // pieces as threads asked for.
-  for (const bool split : {false, true}) {
-    std::optional<testing::EveryJobSplitIntoPieces> pieces;
-    if (split) pieces.emplace();
-    for (int threads : {1, 2, 4, 7, 16})
-      for (int repeat = 0; repeat < 3; ++repeat)
-        EXPECT_TRUE(testing::bitwise_equal(
-            first, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
-            << threads << (split ? " pieces" : " threads") << ", run " << repeat;
-  }
+  // With the built-in pool (which gives a job this small one thread), then split into pieces.
+  testing::for_each_split({1, 2, 4, 7, 16}, [&](int threads, const std::string& what) {
+    for (int repeat = 0; repeat < 3; ++repeat)
+      EXPECT_TRUE(testing::bitwise_equal(
+          first, testing::run_grad_case(c, {Backend::cpu, best_cpu_isa(), threads})))
+          << what << ", run " << repeat;
+  });
   // The library-wide default thread count is honoured too.
   ASSERT_TRUE(set_num_threads(2).is_ok());
   EXPECT_EQ(get_num_threads(), 2);

@@ -96,18 +96,14 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
       c.attrs.active_num = 20000;
       ForwardResult expected = testing::run_forward(c, {Backend::reference, CpuIsa::automatic, 1});
       ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
-      // With the built-in pool, then every job split into as many pieces as threads asked for
-      // (the pool gives rows this short fewer threads than asked).
-      for (const bool split : {false, true}) {
-        std::optional<testing::EveryJobSplitIntoPieces> pieces;
-        if (split) pieces.emplace();
-        for (int threads : {1, 2, 3, 8, 16})  // odd counts with a caller workspace
-          EXPECT_TRUE(testing::same_result(
-              expected, testing::run_forward(
-                            c, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
-              << threads << (split ? " pieces" : " threads") << ", row_idx_type " << row_idx_type
-              << " quant " << quant;
-      }
+      // With the built-in pool (which gives rows this short fewer threads than asked), then
+      // split into pieces; odd counts with a caller workspace.
+      testing::for_each_split({1, 2, 3, 8, 16}, [&](int threads, const std::string& what) {
+        EXPECT_TRUE(testing::same_result(
+            expected,
+            testing::run_forward(c, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
+            << what << ", row_idx_type " << row_idx_type << " quant " << quant;
+      });
     }
   V2Case v2;
   v2.x = Tensor::floats(DType::bfloat16, {N, H}, random_values(rng, N * H, false));
@@ -120,15 +116,11 @@ TEST(RoutingRandom, LargeInputsAreIndependentOfTheThreadCount) {
   v2.attrs.expert_tokens_before_capacity_flag = true;
   V2Result expected = testing::run_v2(v2, {Backend::reference, CpuIsa::automatic, 1});
   ASSERT_TRUE(expected.status.is_ok()) << expected.status.message();
-  for (const bool split : {false, true}) {
-    std::optional<testing::EveryJobSplitIntoPieces> pieces;
-    if (split) pieces.emplace();
-    for (int threads : {1, 2, 3, 8, 16})
-      EXPECT_TRUE(testing::same_result(
-          expected,
-          testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic, threads, threads % 2 == 1})))
-          << threads << (split ? " pieces" : " threads") << " (V2 drop-pad)";
-  }
+  testing::for_each_split({1, 2, 3, 8, 16}, [&](int threads, const std::string& what) {
+    EXPECT_TRUE(testing::same_result(expected, testing::run_v2(v2, {Backend::cpu, CpuIsa::automatic,
+                                                                    threads, threads % 2 == 1})))
+        << what << " (V2 drop-pad)";
+  });
 }
 
 TEST(RoutingRandom, StreamingThresholdIsAtLeast8MiB) {

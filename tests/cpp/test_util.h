@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -61,5 +62,18 @@ class EveryJobSplitIntoPieces {
       task(context, num_tasks * piece / pieces, num_tasks * (piece + 1) / pieces);
   }
 };
+
+/// Calls check(threads, what) for each thread count, first with the built-in pool, then with every
+/// job split into that many pieces (EveryJobSplitIntoPieces); `what` names the run in messages
+/// ("3 threads", "3 pieces").
+template <class Check>
+void for_each_split(std::initializer_list<int> thread_counts, const Check& check) {
+  for (const bool split : {false, true}) {
+    std::optional<EveryJobSplitIntoPieces> pieces;
+    if (split) pieces.emplace();
+    for (int threads : thread_counts)
+      check(threads, std::to_string(threads) + (split ? " pieces" : " threads"));
+  }
+}
 
 }  // namespace moe_routing::testing
