@@ -4,6 +4,7 @@
 // API never throws and every front end gets a runtime error with the operator's name.
 #pragma once
 
+#include <exception>
 #include <new>
 #include <string>
 
@@ -31,7 +32,9 @@ inline Status out_of_memory(const char* op) noexcept {
   }
 }
 
-/// Runs body() (returning Status) and maps the exceptions above to runtime errors. A backend
+/// Runs body() (returning Status) and maps the exceptions above to runtime errors, and any other
+/// standard exception (a container's length_error, say, which no check should let through) to a
+/// runtime error with its text: never std::terminate through a noexcept entry point. A backend
 /// makes its allocations and starts its threads before writing any output, so an error here
 /// leaves the outputs untouched.
 template <typename Body>
@@ -43,6 +46,12 @@ Status run_guarded(const char* op, Body&& body) noexcept {
   } catch (const ThreadStartError& error) {
     try {
       return thread_start_error(op, error);
+    } catch (...) {
+      return out_of_memory(op);
+    }
+  } catch (const std::exception& error) {
+    try {
+      return runtime_error(op, "the call must complete, got an internal error: ", error.what());
     } catch (...) {
       return out_of_memory(op);
     }

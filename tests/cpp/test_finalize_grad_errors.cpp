@@ -50,6 +50,36 @@ TEST(FinalizeGradErrors, OptionalOutputsMayBeLeftOut) {
   EXPECT_EQ(plan.grad_expanded_x.shape[0], 4);
 }
 
+// A bias of 2^62 - 1 rows of H = 0 columns holds no byte, so every buffer check passes; its row
+// count once reached the CPU backend, whose workspace size (E + 2 int32 offsets) wrapped to 32
+// bytes before the expert lists were written over it (a heap overflow), and the reference's
+// vector of E lists threw std::length_error through the noexcept entry point (std::terminate).
+TEST(FinalizeGradErrors, BiasRowsBeyondInt32AreRefusedBeforeAnyScratchIsSized) {
+  const int64_t huge = (int64_t(1) << 62) - 1;
+  std::vector<uint16_t> gy(1), gx(1), bias(1), grad_bias(1);
+  std::vector<int32_t> idx{0}, experts{0};
+  MoeFinalizeRoutingGradInputs in;
+  in.grad_y = TensorView(gy.data(), DType::float16, {1, 0});
+  in.expanded_row_idx = TensorView(idx.data(), DType::int32, {1});
+  in.expert_idx = TensorView(experts.data(), DType::int32, {1, 1});
+  in.bias = TensorView(bias.data(), DType::float16, {huge, 0});
+  MoeFinalizeRoutingGradOutputs out;
+  out.grad_expanded_x = TensorView(gx.data(), DType::float16, {1, 0});
+  out.grad_bias = TensorView(grad_bias.data(), DType::float16, {huge, 0});
+  const std::string expected =
+      "moe_finalize_routing_grad: bias.size(0) (E) must be at most 2147483647 (expert_idx holds "
+      "int32 rows of bias), got 4611686018427387903";
+  for (const testing::Runner& runner : testing::all_runners()) {
+    const Status s =
+        moe_finalize_routing_grad(in, MoeFinalizeRoutingGradAttrs(), out, runner.config());
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << runner.name();
+    EXPECT_EQ(s.message(), expected) << runner.name();
+  }
+  MoeFinalizeRoutingGradPlan plan;  // shape inference (the C ABI's phase one) refuses it too
+  EXPECT_EQ(infer_moe_finalize_routing_grad(in, MoeFinalizeRoutingGradAttrs(), &plan).message(),
+            expected);
+}
+
 TEST(FinalizeGradErrors, ExpertIdsOfDroppedPairsAreNotChecked) {
   Fixture f;
   f.idx[1] = -1;

@@ -9,6 +9,7 @@
 
 #include "core/thread_pool.h"
 #include "grad_cases.h"
+#include "ops/guard.h"
 #include "routing_cases.h"
 
 namespace moe_routing {
@@ -143,6 +144,29 @@ TEST(ThreadPool, SaturatingArithmeticStopsAtInt64Max) {
   EXPECT_EQ(detail::saturating_add(detail::saturating_mul(kMax, 2), 4), kMax);
   EXPECT_EQ(detail::saturating_mul(detail::saturating_add(kMax, 2), 0), 0);
   EXPECT_EQ(detail::threads_for_bytes(4, detail::saturating_mul(kMax, kMax)), 4);
+}
+
+}  // namespace
+}  // namespace moe_routing
+
+namespace moe_routing {
+namespace {
+
+// The entry points' exception barrier (ops/guard.h) maps every standard exception to a runtime
+// error: a std::length_error from a container once went through a noexcept entry point
+// (std::terminate; moe_finalize_routing_grad with a bias of 2^62 - 1 empty rows).
+TEST(EntryPointGuard, AnyStandardExceptionBecomesARuntimeError) {
+  const Status length = detail::run_guarded("some_op: ", []() -> Status {
+    throw std::length_error("cannot create std::vector larger than max_size()");
+  });
+  EXPECT_EQ(length.code(), StatusCode::runtime);
+  EXPECT_EQ(length.message(),
+            "some_op: the call must complete, got an internal error: cannot create std::vector "
+            "larger than max_size()");
+  const Status memory =
+      detail::run_guarded("some_op: ", []() -> Status { throw std::bad_alloc(); });
+  EXPECT_EQ(memory.code(), StatusCode::runtime);
+  EXPECT_EQ(memory.message(), "some_op: memory must be allocatable, got an allocation failure");
 }
 
 }  // namespace

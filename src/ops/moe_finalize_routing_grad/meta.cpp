@@ -168,6 +168,13 @@ Status infer_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in,
     if (p.drop_pad && b.shape[0] != attrs.expert_num)
       return invalid_argument(kOp, "bias.size(0) must equal expert_num (", attrs.expert_num,
                               ") in drop-pad mode, got ", b.shape[0]);
+    // expert_idx holds int32 rows of bias, and the CPU backend lists the pairs per expert with
+    // int32 offsets (its workspace holds E + 2 of them): more rows can never be addressed.
+    if (b.shape[0] > kInt32Max)
+      return invalid_argument(kOp,
+                              "bias.size(0) (E) must be at most 2147483647 (expert_idx holds "
+                              "int32 rows of bias), got ",
+                              b.shape[0]);
     p.expert_num = b.shape[0];
     MOE_ROUTING_RETURN_IF_ERROR(detail::check_element_count(kOp, "bias", b));
   }
