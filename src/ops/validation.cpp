@@ -107,26 +107,74 @@ Status check_execution(const char* op, Device device, const ExecConfig& config) 
 }  // namespace
 
 Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
-                     std::initializer_list<CallOutput> outputs, const ExecConfig& config) {
+                     std::initializer_list<CallOutput> outputs, const ExecConfig& config,
+                     const CallWorkspace& workspace) {
   const CallInput& anchor = *inputs.begin();
   for (const CallOutput& output : outputs)
     MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor));
   for (const CallInput& input : inputs) MOE_ROUTING_RETURN_IF_ERROR(check_input(op, input));
   MOE_ROUTING_RETURN_IF_ERROR(check_no_overlap(op, inputs, outputs));
-  return check_execution(op, anchor.view.device, config);
+  MOE_ROUTING_RETURN_IF_ERROR(check_execution(op, anchor.view.device, config));
+  return check_workspace(op, workspace, config, anchor, inputs, outputs);
+}
+
+namespace {
+
+/// The bytes ranges a and b share (0 when disjoint).
+uint64_t shared_bytes(ByteRange a, ByteRange b) {
+  const uintptr_t begin = a.begin > b.begin ? a.begin : b.begin;
+  const uintptr_t end = a.end < b.end ? a.end : b.end;
+  return begin < end ? uint64_t(end - begin) : 0;
+}
+
+const char* bytes_word(uint64_t n) { return n == 1 ? " shared byte" : " shared bytes"; }
+
+}  // namespace
+
+Status check_workspace(const char* op, const CallWorkspace& workspace, const ExecConfig& config,
+                       const CallInput& anchor, std::initializer_list<CallInput> inputs,
+                       std::initializer_list<CallOutput> outputs) {
+  if (workspace.size_function == nullptr || config.workspace == nullptr ||
+      anchor.view.device != Device::cpu || config.backend == Backend::reference)
+    return Status::ok();
+  if (config.workspace_bytes < workspace.needed) {
+    if (workspace.depends_on_threads)
+      return invalid_argument(op, "workspace_bytes must be at least ", workspace.needed,
+                              " for this call with num_threads ", config.num_threads, " (",
+                              workspace.size_function, " with the same num_threads gives it), got ",
+                              config.workspace_bytes);
+    return invalid_argument(op, "workspace_bytes must be at least ", workspace.needed,
+                            " for this call (", workspace.size_function, " gives it), got ",
+                            config.workspace_bytes);
+  }
+  ByteRange scratch;
+  scratch.begin = reinterpret_cast<uintptr_t>(config.workspace);
+  const unsigned __int128 end = static_cast<unsigned __int128>(scratch.begin) + workspace.needed;
+  scratch.end = end > UINTPTR_MAX ? UINTPTR_MAX : uintptr_t(end);
+  auto overlap_error = [&](const char* name, const TensorView& view) -> Status {
+    const uint64_t shared = shared_bytes(scratch, byte_range(view));
+    if (shared == 0) return Status::ok();
+    return invalid_argument(op, "workspace must not overlap ", name,
+                            " (the call writes its scratch there while it reads the inputs and "
+                            "writes the outputs), got ",
+                            shared, bytes_word(shared));
+  };
+  for (const CallInput& input : inputs)
+    MOE_ROUTING_RETURN_IF_ERROR(overlap_error(input.name, input.view));
+  for (const CallOutput& output : outputs)
+    MOE_ROUTING_RETURN_IF_ERROR(overlap_error(output.name, output.view));
+  return Status::ok();
 }
 
 Status check_no_overlap(const char* op, std::initializer_list<CallInput> inputs,
                         std::initializer_list<CallOutput> outputs) {
   auto overlap_error = [op](const char* output, const char* other, ByteRange a,
                             ByteRange b) -> Status {
-    const uintptr_t begin = a.begin > b.begin ? a.begin : b.begin;
-    const uintptr_t end = a.end < b.end ? a.end : b.end;
-    if (begin >= end) return Status::ok();
+    const uint64_t shared = shared_bytes(a, b);
+    if (shared == 0) return Status::ok();
     return invalid_argument(op, output, " must not overlap ", other,
                             " (an output may share no byte with an input or another output), got ",
-                            uint64_t(end - begin),
-                            end - begin == 1 ? " shared byte" : " shared bytes");
+                            shared, bytes_word(shared));
   };
   for (auto output = outputs.begin(); output != outputs.end(); ++output) {
     const ByteRange range = byte_range(output->view);

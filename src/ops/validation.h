@@ -39,6 +39,15 @@ struct CallOutput {
   const OutputSpec& spec;
 };
 
+/// What a call writes into a caller's workspace (ExecConfig::workspace) on the CPU backend:
+/// `needed` bytes, as `size_function` reports them (with the same num_threads where
+/// `depends_on_threads`). The default (no size function): the call uses no caller workspace.
+struct CallWorkspace {
+  uint64_t needed = 0;
+  const char* size_function = nullptr;
+  bool depends_on_threads = false;
+};
+
 /// Every check of a call that needs no data, after shape inference, in this order (so that every
 /// front end reports the same first mistake):
 ///  1. each output: a produced one has exactly its planned shape and dtype, the device of the
@@ -49,12 +58,16 @@ struct CallOutput {
 ///  3. check_no_overlap;
 ///  4. where the call runs: config.num_threads in [0, kMaxNumThreads]; the anchor's device must
 ///     be one this build supports (device_supported), cuda tensors only with Backend::automatic,
-///     and a requested CPU ISA must be available.
+///     and a requested CPU ISA must be available;
+///  5. a caller's workspace, where the call runs on the CPU backend with one: at least
+///     workspace.needed bytes, and those bytes share none with an input or an output (the
+///     kernels write their scratch there while they read the inputs and write the outputs).
 /// The first input is the anchor; every input's device was already checked against it by shape
 /// inference. A check that every operator needs (about buffers, their overlap or alignment)
 /// belongs here, once.
 Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
-                     std::initializer_list<CallOutput> outputs, const ExecConfig& config);
+                     std::initializer_list<CallOutput> outputs, const ExecConfig& config,
+                     const CallWorkspace& workspace = CallWorkspace());
 
 /// No output may share a byte with an input or with another output: the kernels read inputs
 /// while they write outputs (in any order, on several threads), so an overlap gave wrong results
@@ -63,5 +76,12 @@ Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
 /// element size); the shapes were checked before (validate_call step 1, shape inference).
 Status check_no_overlap(const char* op, std::initializer_list<CallInput> inputs,
                         std::initializer_list<CallOutput> outputs);
+
+/// validate_call's step 5: a caller's workspace on the CPU backend holds workspace.needed bytes
+/// and those share no byte with an input or an output ([workspace, workspace + needed): a larger
+/// buffer may hold other data past what the call writes).
+Status check_workspace(const char* op, const CallWorkspace& workspace, const ExecConfig& config,
+                       const CallInput& anchor, std::initializer_list<CallInput> inputs,
+                       std::initializer_list<CallOutput> outputs);
 
 }  // namespace moe_routing::detail

@@ -438,6 +438,16 @@ inline std::vector<ErrorCase<FinalizeGradFixture>> finalize_grad_error_cases() {
          f.config.workspace_bytes = 8;
        },
        kInvalid, "workspace_bytes must be at least"},
+      // Found by an adversarial review: only the size was checked, and the pair lists were then
+      // written over expanded_x while it was read.
+      {"workspace overlapping an input",
+       [](F f) {
+         f.config.workspace = f.ex.data();
+         f.config.workspace_bytes = f.ex.size() * sizeof(float);
+       },
+       kInvalid,
+       "moe_finalize_routing_grad: workspace must not overlap expanded_x (the call writes its "
+       "scratch there while it reads the inputs and writes the outputs), got 48 shared bytes"},
       {"cuda tensors",
        [](F f) {
          for (TensorView* t : {&f.in.grad_y, &f.in.expanded_row_idx, &f.in.expanded_x, &f.in.scales,

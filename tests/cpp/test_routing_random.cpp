@@ -234,6 +234,54 @@ TEST(RoutingRandom, CallerWorkspaceSizeIsCheckedBeforeAnyWrite) {
                   .is_ok());
 }
 
+// A workspace that shares bytes with an input or an output is refused before anything is written
+// (found by an adversarial review: only its size was checked, and the kernels' scratch would have
+// overwritten the tensors they read or write).
+TEST(RoutingRandom, CallerWorkspaceOverlappingATensorIsRefused) {
+  ForwardCase c;
+  const int64_t N = 300, K = 4, H = 16;
+  Random rng(6);
+  std::vector<int32_t> ids(size_t(N * K));
+  for (int32_t& id : ids) id = int32_t(rng.integer(0, 7));
+  c.x = Tensor::floats(DType::float32, {N, H}, random_values(rng, N * H, false));
+  c.expert_idx = Tensor::int32s({N, K}, ids);
+  c.attrs.expert_num = 8;
+  MoeInitRoutingPlan plan;
+  ASSERT_TRUE(infer_moe_init_routing(c.x.view(), c.expert_idx.view(), c.scale.view(),
+                                     c.offset.view(), c.topk_weight.view(), c.attrs, &plan)
+                  .is_ok());
+  Tensor out = Tensor::from_spec(plan.expanded_x),
+         row_idx = Tensor::from_spec(plan.expanded_row_idx);
+  const uint64_t size = moe_init_routing_workspace_size(plan, 1);
+  ASSERT_LT(size, uint64_t(out.bytes.size()));  // the scratch fits inside expanded_x's buffer
+  const Tensor x_before = c.x;
+  for (const bool in_output : {true, false}) {
+    out.poison();
+    row_idx.poison();
+    ExecConfig config;
+    config.num_threads = 1;
+    // In expanded_x (an output), or in x (an input) from its second byte on.
+    config.workspace = in_output ? static_cast<void*>(out.bytes.data() + 64)
+                                 : static_cast<void*>(c.x.bytes.data() + 1);
+    config.workspace_bytes = size;
+    const Status refused = moe_init_routing(
+        c.x.view(), c.expert_idx.view(), c.scale.view(), c.offset.view(), c.topk_weight.view(),
+        c.attrs, out.view(), row_idx.view(), TensorView(), TensorView(), TensorView(), config);
+    EXPECT_EQ(refused.code(), StatusCode::invalid_argument);
+    EXPECT_EQ(
+        refused.message(),
+        std::string("moe_init_routing: workspace must not overlap ") +
+            (in_output ? "expanded_x" : "x") +
+            " (the call writes its scratch there while it reads the inputs and writes the "
+            "outputs), got " +
+            std::to_string(in_output ? size : std::min<uint64_t>(size, c.x.bytes.size() - 1)) +
+            " shared bytes");
+    for (const Tensor* t : {&out, &row_idx})
+      for (uint8_t b : t->bytes) ASSERT_EQ(b, 0x5A) << "an output was written";
+    EXPECT_EQ(c.x.bytes, x_before.bytes) << "an input was written";
+  }
+}
+
 TEST(RoutingRandom, EveryWriteOrderOfExpandedXIsBitExact) {
   // expanded_x of >= the threshold is written with non-temporal stores, token by token; below
   // it, token by token while x exceeds 1/16 of the threshold, else in destination order. With

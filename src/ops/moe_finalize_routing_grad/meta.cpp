@@ -224,6 +224,10 @@ Status validate_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in
   OutputSpec grad_scales = p.grad_scales, grad_bias = p.grad_bias;
   grad_scales.produced = p.compute_grad_scales;
   grad_bias.produced = p.compute_grad_bias;
+  // What the CPU backend writes into a caller's workspace (validate_call checks it).
+  CallWorkspace workspace;
+  workspace.needed = moe_finalize_routing_grad_workspace_size(p, config.num_threads);
+  workspace.size_function = "moe_finalize_routing_grad_workspace_size";
   MOE_ROUTING_RETURN_IF_ERROR(
       validate_call(kOp,
                     {{"grad_y", in.grad_y},
@@ -235,18 +239,7 @@ Status validate_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in
                     {{"grad_expanded_x", out.grad_expanded_x, p.grad_expanded_x},
                      {"grad_scales", out.grad_scales, grad_scales},
                      {"grad_bias", out.grad_bias, grad_bias}},
-                    config));
-  // A caller's workspace must hold the pair lists and the visiting order (the CPU backend's
-  // scratch).
-  if (config.workspace == nullptr || in.grad_y.device != Device::cpu ||
-      config.backend == Backend::reference)
-    return Status::ok();
-  const uint64_t needed = moe_finalize_routing_grad_workspace_size(p, config.num_threads);
-  if (config.workspace_bytes < needed)
-    return invalid_argument(kOp, "workspace_bytes must be at least ", needed,
-                            " for this call (moe_finalize_routing_grad_workspace_size gives it), "
-                            "got ",
-                            config.workspace_bytes);
+                    config, workspace));
   return Status::ok();
 }
 

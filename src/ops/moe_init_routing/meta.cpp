@@ -465,19 +465,14 @@ int cpu_threads(const MoeInitRoutingPlan& plan, int num_threads) {
 
 namespace {
 
-/// A caller's workspace (config.workspace) must hold what the CPU kernels need. `size_function`
-/// names the function that reports the size.
-Status check_workspace(const char* op, const char* size_function, const RoutingProblem& problem,
-                       const ExecConfig& config, Device device) {
-  if (config.workspace == nullptr || device != Device::cpu || config.backend == Backend::reference)
-    return Status::ok();
-  const uint64_t needed = cpu::workspace_bytes(problem, config.num_threads);
-  if (config.workspace_bytes < needed)
-    return invalid_argument(op, "workspace_bytes must be at least ", needed,
-                            " for this call with num_threads ", config.num_threads, " (",
-                            size_function, " with the same num_threads gives it), got ",
-                            config.workspace_bytes);
-  return Status::ok();
+/// What the CPU kernels write into a caller's workspace (validate_call checks it).
+CallWorkspace routing_workspace(const RoutingProblem& problem, const ExecConfig& config,
+                                const char* size_function) {
+  CallWorkspace workspace;
+  workspace.needed = cpu::workspace_bytes(problem, config.num_threads);
+  workspace.size_function = size_function;
+  workspace.depends_on_threads = true;
+  return workspace;
 }
 
 }  // namespace
@@ -490,17 +485,17 @@ Status validate_moe_init_routing_v2(const TensorView& x, const TensorView& exper
                                     const TensorView& expert_tokens_before_capacity,
                                     const ExecConfig& config, MoeInitRoutingV2Plan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(infer_moe_init_routing_v2(x, expert_idx, attrs, plan));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      validate_call(kOpV2, {{"x", x}, {"expert_idx", expert_idx}},
-                    {{"expanded_x", expanded_x, plan->expanded_x},
-                     {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
-                     {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
-                      plan->expert_tokens_count_or_cumsum},
-                     {"expert_tokens_before_capacity", expert_tokens_before_capacity,
-                      plan->expert_tokens_before_capacity}},
-                    config));
-  return check_workspace(kOpV2, "moe_init_routing_v2_workspace_size", routing_problem(*plan),
-                         config, x.device);
+  MOE_ROUTING_RETURN_IF_ERROR(validate_call(
+      kOpV2, {{"x", x}, {"expert_idx", expert_idx}},
+      {{"expanded_x", expanded_x, plan->expanded_x},
+       {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
+       {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
+        plan->expert_tokens_count_or_cumsum},
+       {"expert_tokens_before_capacity", expert_tokens_before_capacity,
+        plan->expert_tokens_before_capacity}},
+      config,
+      routing_workspace(routing_problem(*plan), config, "moe_init_routing_v2_workspace_size")));
+  return Status::ok();
 }
 
 Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
@@ -513,22 +508,22 @@ Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_i
                                  MoeInitRoutingPlan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(
       infer_moe_init_routing(x, expert_idx, scale, offset, topk_weight, attrs, plan));
-  MOE_ROUTING_RETURN_IF_ERROR(
-      validate_call(kOp,
-                    {{"x", x},
-                     {"expert_idx", expert_idx},
-                     {"scale", scale},
-                     {"offset", offset},
-                     {"topk_weight", topk_weight}},
-                    {{"expanded_x", expanded_x, plan->expanded_x},
-                     {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
-                     {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
-                      plan->expert_tokens_count_or_cumsum},
-                     {"expanded_scale", expanded_scale, plan->expanded_scale},
-                     {"expanded_topk_weight", expanded_topk_weight, plan->expanded_topk_weight}},
-                    config));
-  return check_workspace(kOp, "moe_init_routing_workspace_size", routing_problem(*plan), config,
-                         x.device);
+  MOE_ROUTING_RETURN_IF_ERROR(validate_call(
+      kOp,
+      {{"x", x},
+       {"expert_idx", expert_idx},
+       {"scale", scale},
+       {"offset", offset},
+       {"topk_weight", topk_weight}},
+      {{"expanded_x", expanded_x, plan->expanded_x},
+       {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
+       {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
+        plan->expert_tokens_count_or_cumsum},
+       {"expanded_scale", expanded_scale, plan->expanded_scale},
+       {"expanded_topk_weight", expanded_topk_weight, plan->expanded_topk_weight}},
+      config,
+      routing_workspace(routing_problem(*plan), config, "moe_init_routing_workspace_size")));
+  return Status::ok();
 }
 
 }  // namespace detail
