@@ -116,9 +116,10 @@ struct ExecConfig {
   /// CPU kernels of moe_init_routing(_v2) and moe_finalize_routing_grad: caller-owned scratch
   /// memory of workspace_bytes bytes (any alignment), at least what
   /// moe_init_routing(_v2)_workspace_size or moe_finalize_routing_grad_workspace_size reports
-  /// for the same num_threads; the call then allocates nothing. Null (the default): the library
-  /// allocates the scratch itself. moe_init_routing_grad and moe_finalize_routing need none; the
-  /// reference backend ignores it.
+  /// for the same num_threads; the bytes the call uses (that size, from workspace) must share
+  /// none with an input or an output. The call then allocates nothing. Null (the default): the
+  /// library allocates the scratch itself. moe_init_routing_grad and moe_finalize_routing need
+  /// none; the reference backend ignores it.
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
 };
