@@ -255,6 +255,29 @@ def test_bad_arguments_world_of_one(arguments, message):
         ep.combine(recv_x, handle, numerics=combine_numerics)
 
 
+def test_rows_without_columns_are_refused_world_of_one():
+    """x [N, 0] once passed dispatch and failed in combine with PyTorch's view error (found by an
+    adversarial review)."""
+    with pytest.raises(ValueError, match=re.escape("moe_routing.distributed.dispatch: x must have at least one "
+                                                   "column (H >= 1), got 2-D float32 [3, 0] on cpu (on rank 0)")):
+        ep.dispatch(torch.zeros(3, 0), torch.tensor([[0], [1], [0]], dtype=torch.int32), 2)
+
+
+def test_expert_idx_changed_after_dispatch_does_not_change_combine_world_of_one():
+    """The handle keeps its own copy of expert_idx: combine's bias rows come from the ids that were
+    dispatched, as the backward's do (it kept the caller's tensor, so an in-place change between
+    dispatch and combine changed y but not its gradient; found by an adversarial review)."""
+    g = torch.Generator().manual_seed(3)
+    x, bias = torch.randn(5, 4, generator=g), torch.randn(4, 4, generator=g)
+    idx = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], dtype=torch.int32)
+    recv_x, _, handle = ep.dispatch(x, idx.clone(), 4)
+    expected = ep.combine(recv_x, handle, bias=bias)
+    moved = idx.clone()
+    recv_x, _, handle = ep.dispatch(x, moved, 4)
+    moved.copy_(moved.flip(0))  # other in-range ids, in place
+    assert torch.equal(ep.combine(recv_x, handle, bias=bias), expected)
+
+
 def test_all_to_all_splits_world_of_one():
     """Splits may be any ints (here 0-dim tensors) and are checked once converted: one per rank,
     none negative, the input splits summing to the rows."""

@@ -314,6 +314,8 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
                          f"and K >= 1, got {_describe(expert_idx)}")
     if expert_idx.device != x.device:
         raise ValueError(f"{op}: expert_idx must be on the device of x ({x.device}), got {expert_idx.device}")
+    if x.shape[1] < 1:  # rows of no bytes: the exchanges' row views would be ambiguous
+        raise ValueError(f"{op}: x must have at least one column (H >= 1), got {_describe(x)}")
     experts = check_int(op, "num_experts", num_experts, minimum=1)
     if experts % world:
         raise ValueError(f"{op}: num_experts must be divisible by the world size ({world}), got {experts}")
@@ -461,7 +463,9 @@ def _plan(comm: Comm, x, expert_idx, routing: _LocalRouting, counts: torch.Tenso
     h.num_experts, h.local_experts, h.first_expert = experts, local, rank * local
     h.top_k, h.hidden, h.dtype = k, hidden, x.dtype
     h.expert_capacity, h.numerics, h.num_tokens = capacity, numerics, n
-    h.expert_idx = expert_idx
+    # A copy: combine reads it (bias rows) after the caller may have changed its own tensor in
+    # place, and the backward uses the copies taken here.
+    h.expert_idx = expert_idx.clone()
     h.counts = counts
     mine = keep[:, rank * local:(rank + 1) * local]  # [W, E/W] pairs I receive, per source and expert
     h.tokens_per_local_expert = mine.sum(0)
