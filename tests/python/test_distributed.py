@@ -255,6 +255,27 @@ def test_bad_arguments_world_of_one(arguments, message):
         ep.combine(recv_x, handle, numerics=combine_numerics)
 
 
+def test_int32_limits_are_agreed_world_of_one():
+    """The single-device int32 limits are dispatch's checks (agreed: the same ValueError on every
+    rank); an expert_capacity of 2**63 once overflowed the int64 agreement message on its own rank
+    (a RuntimeError there while the peers waited) and 2**40 reached torch.full (found by an
+    adversarial review)."""
+    x, idx = torch.randn(3, 4), torch.tensor([[0], [1], [0]], dtype=torch.int32)
+    prefix = "moe_routing.distributed.dispatch: "
+    for capacity, shown in ((2**40, "2 * 1099511627776"), (2**63, "2 * 9223372036854775808")):
+        with pytest.raises(ValueError, match=re.escape(
+                prefix + "num_experts * expert_capacity must be at most 2147483647 (int32 row indices, as "
+                f"single-device drop-pad), got {shown} (on rank 0)")):
+            ep.dispatch(x, idx, 2, expert_capacity=capacity)
+    # N * K beyond int32 (stride-0 views: no memory), refused before any reduction over the ids.
+    big_x = torch.zeros(1, 4).expand(2**30 + 1, 4)
+    big_idx = torch.zeros(1, 2, dtype=torch.int32).expand(2**30 + 1, 2)
+    with pytest.raises(ValueError, match=re.escape(
+            prefix + "expert_idx must have at most 2147483647 elements (N * K: int32 row indices), got "
+            "1073741825 * 2 (on rank 0)")):
+        ep.dispatch(big_x, big_idx, 2)
+
+
 def test_rows_without_columns_are_refused_world_of_one():
     """x [N, 0] once passed dispatch and failed in combine with PyTorch's view error (found by an
     adversarial review)."""

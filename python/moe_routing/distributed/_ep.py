@@ -60,6 +60,7 @@ _MAGIC = 0x4D6F455044495354  # "MoEPDIST"
 _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
+_INT32_MAX = 2**31 - 1
 _OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4}
 # Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
 _ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
@@ -321,6 +322,15 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
         raise ValueError(f"{op}: num_experts must be divisible by the world size ({world}), got {experts}")
     capacity = None if expert_capacity is None else check_int(op, "expert_capacity", expert_capacity, minimum=1)
     _check_numerics(op, numerics)
+    # The single-device operators' int32 limits, checked here (inside the agreement) so that no
+    # rank meets them alone later, in an operator or in the agreement message, while its peers
+    # wait in a collective.
+    if expert_idx.numel() > _INT32_MAX:
+        raise ValueError(f"{op}: expert_idx must have at most {_INT32_MAX} elements (N * K: int32 row indices), "
+                         f"got {expert_idx.shape[0]} * {expert_idx.shape[1]}")
+    if capacity is not None and experts * capacity > _INT32_MAX:
+        raise ValueError(f"{op}: num_experts * expert_capacity must be at most {_INT32_MAX} (int32 row indices, as "
+                         f"single-device drop-pad), got {experts} * {capacity}")
     if expert_idx.numel():
         low, high = int(expert_idx.min()), int(expert_idx.max())
         if low < 0 or high >= experts:
