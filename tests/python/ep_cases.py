@@ -269,6 +269,10 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     # dispatch meanwhile: rows of another width, messages of another length (gloo once aborted).
     out["replicate_rows"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else torch.empty(0)))
     out["replicate_rows_dtype"] = _expect_error(lambda: ep.replicate_rows(x if rank != last else x.half()))
+    # local_rows' backward all-gathers: rows needing a gradient on some ranks only once left the
+    # others waiting in it (found by an adversarial review).
+    out["replicate_rows_requires_grad"] = _expect_error(
+        lambda: ep.replicate_rows(x.clone().requires_grad_(rank == 0)))
     out["replicate_rows_operation"] = _expect_error(
         lambda: ep.replicate_rows(x) if rank == 0 else ep.dispatch(x, idx, e))
     # all_to_all: rank 1 expecting one row more from rank 0 than rank 0 sends it (gloo left it

@@ -136,6 +136,8 @@ MISMATCHES = {
                                 "(rank 0), dispatch (rank",
     "all_to_all_requires_grad": "all_to_all: rows.requires_grad (with grad mode) must be the same on every rank, "
                                 "got True (rank 0), False (rank",
+    "replicate_rows_requires_grad": "replicate_rows: rows.requires_grad (with grad mode) must be the same on every "
+                                    "rank, got True (rank 0), False (rank",
 }
 
 

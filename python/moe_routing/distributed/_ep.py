@@ -87,7 +87,8 @@ _AGREED_FIELDS = {
 }
 # Autograd flags are agreed exactly where they decide whether a backward runs a collective (which
 # must run on every rank or on none): x's (dispatch), expert_out's, scales' and bias' (combine),
-# rows' (all_to_all). x1's and x2's are not: their gradient is grad_y itself, on their own rank.
+# rows' (all_to_all, replicate_rows: local_rows' backward all-gathers). x1's and x2's are not:
+# their gradient is grad_y itself, on their own rank.
 # replicate_rows and all_to_all: the rows' dimensions, sizes after the first and dtype (rows of
 # different byte widths on two ranks make gloo abort the process).
 _AGREED_FIELDS["replicate_rows"] = (
@@ -96,8 +97,9 @@ _AGREED_FIELDS["replicate_rows"] = (
     + [(7 + _ROW_SIZES, "the number of elements of a row", str),
        (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))])
 _F_ROWS_REQUIRE_GRAD = 9 + _ROW_SIZES
-_AGREED_FIELDS["all_to_all"] = _AGREED_FIELDS["replicate_rows"] + [
+_AGREED_FIELDS["replicate_rows"] += [
     (_F_ROWS_REQUIRE_GRAD, "rows.requires_grad (with grad mode)", lambda v: str(bool(v)))]
+_AGREED_FIELDS["all_to_all"] = list(_AGREED_FIELDS["replicate_rows"])
 
 # Dispatches so far per group name, on this process: every rank of a group makes the same calls in
 # the same order, so a handle's number is the same on every rank exactly when they all pass the
@@ -230,14 +232,15 @@ def _check_table(op: str, table: torch.Tensor, comm: Comm) -> None:
 
 
 def row_fields(op: str, rows) -> Tuple[dict, Optional[str]]:
-    """The agreement fields of replicate_rows' or all_to_all's rows [N_r, ...], or the error text
-    when rows is not such a tensor."""
+    """The agreement fields of replicate_rows' or all_to_all's rows [N_r, ...] (with whether they
+    need a gradient: both backwards are collectives), or the error text when rows is not such a
+    tensor."""
     if not isinstance(rows, torch.Tensor) or rows.dim() < 1:
         return {}, f"moe_routing.distributed.{op}: rows must be a tensor [N_r, ...], got {_describe(rows)}"
     trailing = list(rows.shape[1:])
     sizes = (trailing + [-1] * _ROW_SIZES)[:_ROW_SIZES]
     return {6: rows.dim(), **{7 + i: size for i, size in enumerate(sizes)}, 7 + _ROW_SIZES: math.prod(trailing),
-            8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype)}, None
+            8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype), _F_ROWS_REQUIRE_GRAD: int(_requires_grad(rows))}, None
 
 
 def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
@@ -274,9 +277,8 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
     """
     comm = Comm(group, "all_to_all")
     op = "moe_routing.distributed.all_to_all"
-    fields, error = row_fields("all_to_all", rows)
-    if error is None:  # the backward is the reverse exchange: on every rank or on none
-        fields[_F_ROWS_REQUIRE_GRAD] = int(_requires_grad(rows))
+    fields, error = row_fields("all_to_all", rows)  # with the gradient flag: the backward is the
+    # reverse exchange, on every rank or on none
     splits = {}
     for name, given in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
         try:
