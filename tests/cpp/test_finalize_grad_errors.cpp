@@ -80,6 +80,29 @@ TEST(FinalizeGradErrors, BiasRowsBeyondInt32AreRefusedBeforeAnyScratchIsSized) {
             expected);
 }
 
+// scales [2^62, 4] with grad_y [2^62, 0]: N * K overflowed int64 (undefined behaviour; it wrapped
+// to 0, the length of an empty expanded_row_idx) before it was compared with the pairs (found by
+// an adversarial review).
+TEST(FinalizeGradErrors, ScalesWithMoreThanInt64ElementsAreRefused) {
+  const int64_t N = int64_t(1) << 62;
+  std::vector<float> gy(1), scales(1), gx(1);
+  std::vector<int32_t> idx(1);
+  MoeFinalizeRoutingGradInputs in;
+  in.grad_y = TensorView(gy.data(), DType::float32, {N, 0});
+  in.expanded_row_idx = TensorView(idx.data(), DType::int32, {0});
+  in.scales = TensorView(scales.data(), DType::float32, {N, 4});
+  MoeFinalizeRoutingGradOutputs out;
+  out.grad_expanded_x = TensorView(gx.data(), DType::float32, {0, 0});
+  MoeFinalizeRoutingGradPlan plan;
+  const Status s = infer_moe_finalize_routing_grad(in, MoeFinalizeRoutingGradAttrs(), &plan);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("moe_finalize_routing_grad: scales has too many elements"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(moe_finalize_routing_grad(in, MoeFinalizeRoutingGradAttrs(), out).message(),
+            s.message());
+}
+
 TEST(FinalizeGradErrors, ExpertIdsOfDroppedPairsAreNotChecked) {
   Fixture f;
   f.idx[1] = -1;

@@ -102,6 +102,7 @@ Status infer_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in,
     if (s.shape[0] != N || s.shape[1] < 1)
       return invalid_argument(kOp, "scales must be [N, K] with N = grad_y.size(0) (", N,
                               ") and K >= 1, got ", describe(s));
+    MOE_ROUTING_RETURN_IF_ERROR(detail::check_element_count(kOp, "scales", s));  // N * K fits
     p.top_k = s.shape[1];
     p.scales_dtype = s.dtype;
     if (pairs != N * p.top_k)
