@@ -318,3 +318,9 @@ def test_all_to_all_splits_world_of_one():
     with pytest.raises(ValueError, match=re.escape(prefix + "sum(input_split_sizes) must equal rows.size(0) (3), "
                                                    "got 2")):
         ep.all_to_all(rows, [3], [2])
+    # Floats, bools and strings were converted by int() (3.7 -> 3, True -> 1, "3" -> 3): refused now
+    # (found by an adversarial review).
+    for bad in ([3.7], [True], ["3"]):
+        with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
+                                                       f"(one per rank), got {bad!r}")):
+            ep.all_to_all(rows, bad, [3])

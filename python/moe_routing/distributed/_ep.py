@@ -281,8 +281,8 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
     # reverse exchange, on every rank or on none
     splits = {}
     for name, given in (("output_split_sizes", output_split_sizes), ("input_split_sizes", input_split_sizes)):
-        try:
-            splits[name] = [int(s) for s in given]
+        try:  # ints or 0-dim integer tensors, as check_int takes them (no float, bool or string)
+            splits[name] = [check_int(op, name, s) for s in given]
         except (TypeError, ValueError):
             splits[name] = None
         if error is None and (splits[name] is None or len(splits[name]) != comm.world or min(splits[name]) < 0):
