@@ -33,16 +33,28 @@ struct ByteRange {
   bool empty() const { return begin == end; }
 };
 
-ByteRange byte_range(const TensorView& t) {
+/// [begin, begin + bytes), the end saturating at the top of the address space.
+ByteRange span(const void* begin, unsigned __int128 bytes) {
   ByteRange range;
-  if (t.data == nullptr || t.numel() == 0) return range;
-  range.begin = reinterpret_cast<uintptr_t>(t.data);
-  const unsigned __int128 end =
-      static_cast<unsigned __int128>(range.begin) +
-      static_cast<unsigned __int128>(uint64_t(t.numel())) * dtype_size(t.dtype);
+  range.begin = reinterpret_cast<uintptr_t>(begin);
+  const unsigned __int128 end = static_cast<unsigned __int128>(range.begin) + bytes;
   range.end = end > UINTPTR_MAX ? UINTPTR_MAX : uintptr_t(end);
   return range;
 }
+
+ByteRange byte_range(const TensorView& t) {
+  if (t.data == nullptr || t.numel() == 0) return ByteRange();
+  return span(t.data, static_cast<unsigned __int128>(uint64_t(t.numel())) * dtype_size(t.dtype));
+}
+
+/// The bytes ranges a and b share (0 when disjoint).
+uint64_t shared_bytes(ByteRange a, ByteRange b) {
+  const uintptr_t begin = a.begin > b.begin ? a.begin : b.begin;
+  const uintptr_t end = a.end < b.end ? a.end : b.end;
+  return begin < end ? uint64_t(end - begin) : 0;
+}
+
+const char* bytes_word(uint64_t n) { return n == 1 ? " shared byte" : " shared bytes"; }
 
 /// A non-empty buffer must be aligned to its element size: the kernels load and store whole
 /// elements (an int32 at an odd address is undefined behaviour, and UBSan caught one; issue 17,
@@ -104,33 +116,9 @@ Status check_execution(const char* op, Device device, const ExecConfig& config) 
   return Status::ok();
 }
 
-}  // namespace
-
-Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
-                     std::initializer_list<CallOutput> outputs, const ExecConfig& config,
-                     const CallWorkspace& workspace) {
-  const CallInput& anchor = *inputs.begin();
-  for (const CallOutput& output : outputs)
-    MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor));
-  for (const CallInput& input : inputs) MOE_ROUTING_RETURN_IF_ERROR(check_input(op, input));
-  MOE_ROUTING_RETURN_IF_ERROR(check_no_overlap(op, inputs, outputs));
-  MOE_ROUTING_RETURN_IF_ERROR(check_execution(op, anchor.view.device, config));
-  return check_workspace(op, workspace, config, anchor, inputs, outputs);
-}
-
-namespace {
-
-/// The bytes ranges a and b share (0 when disjoint).
-uint64_t shared_bytes(ByteRange a, ByteRange b) {
-  const uintptr_t begin = a.begin > b.begin ? a.begin : b.begin;
-  const uintptr_t end = a.end < b.end ? a.end : b.end;
-  return begin < end ? uint64_t(end - begin) : 0;
-}
-
-const char* bytes_word(uint64_t n) { return n == 1 ? " shared byte" : " shared bytes"; }
-
-}  // namespace
-
+/// validate_call's step 5: a caller's workspace on the CPU backend holds workspace.needed bytes
+/// and those share no byte with an input or an output ([workspace, workspace + needed): a larger
+/// buffer may hold other data past what the call writes).
 Status check_workspace(const char* op, const CallWorkspace& workspace, const ExecConfig& config,
                        const CallInput& anchor, std::initializer_list<CallInput> inputs,
                        std::initializer_list<CallOutput> outputs) {
@@ -147,10 +135,7 @@ Status check_workspace(const char* op, const CallWorkspace& workspace, const Exe
                             " for this call (", workspace.size_function, " gives it), got ",
                             config.workspace_bytes);
   }
-  ByteRange scratch;
-  scratch.begin = reinterpret_cast<uintptr_t>(config.workspace);
-  const unsigned __int128 end = static_cast<unsigned __int128>(scratch.begin) + workspace.needed;
-  scratch.end = end > UINTPTR_MAX ? UINTPTR_MAX : uintptr_t(end);
+  const ByteRange scratch = span(config.workspace, workspace.needed);
   auto overlap_error = [&](const char* name, const TensorView& view) -> Status {
     const uint64_t shared = shared_bytes(scratch, byte_range(view));
     if (shared == 0) return Status::ok();
@@ -164,6 +149,20 @@ Status check_workspace(const char* op, const CallWorkspace& workspace, const Exe
   for (const CallOutput& output : outputs)
     MOE_ROUTING_RETURN_IF_ERROR(overlap_error(output.name, output.view));
   return Status::ok();
+}
+
+}  // namespace
+
+Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
+                     std::initializer_list<CallOutput> outputs, const ExecConfig& config,
+                     const CallWorkspace& workspace) {
+  const CallInput& anchor = *inputs.begin();
+  for (const CallOutput& output : outputs)
+    MOE_ROUTING_RETURN_IF_ERROR(check_output(op, output, anchor));
+  for (const CallInput& input : inputs) MOE_ROUTING_RETURN_IF_ERROR(check_input(op, input));
+  MOE_ROUTING_RETURN_IF_ERROR(check_no_overlap(op, inputs, outputs));
+  MOE_ROUTING_RETURN_IF_ERROR(check_execution(op, anchor.view.device, config));
+  return check_workspace(op, workspace, config, anchor, inputs, outputs);
 }
 
 Status check_no_overlap(const char* op, std::initializer_list<CallInput> inputs,

@@ -77,11 +77,4 @@ Status validate_call(const char* op, std::initializer_list<CallInput> inputs,
 Status check_no_overlap(const char* op, std::initializer_list<CallInput> inputs,
                         std::initializer_list<CallOutput> outputs);
 
-/// validate_call's step 5: a caller's workspace on the CPU backend holds workspace.needed bytes
-/// and those share no byte with an input or an output ([workspace, workspace + needed): a larger
-/// buffer may hold other data past what the call writes).
-Status check_workspace(const char* op, const CallWorkspace& workspace, const ExecConfig& config,
-                       const CallInput& anchor, std::initializer_list<CallInput> inputs,
-                       std::initializer_list<CallOutput> outputs);
-
 }  // namespace moe_routing::detail

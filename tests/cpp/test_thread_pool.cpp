@@ -146,12 +146,6 @@ TEST(ThreadPool, SaturatingArithmeticStopsAtInt64Max) {
   EXPECT_EQ(detail::threads_for_bytes(4, detail::saturating_mul(kMax, kMax)), 4);
 }
 
-}  // namespace
-}  // namespace moe_routing
-
-namespace moe_routing {
-namespace {
-
 // The entry points' exception barrier (ops/guard.h) maps every standard exception to a runtime
 // error: a std::length_error from a container once went through a noexcept entry point
 // (std::terminate; moe_finalize_routing_grad with a bias of 2^62 - 1 empty rows).

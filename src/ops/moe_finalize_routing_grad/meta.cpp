@@ -229,19 +229,17 @@ Status validate_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in
   CallWorkspace workspace;
   workspace.needed = moe_finalize_routing_grad_workspace_size(p, config.num_threads);
   workspace.size_function = "moe_finalize_routing_grad_workspace_size";
-  MOE_ROUTING_RETURN_IF_ERROR(
-      validate_call(kOp,
-                    {{"grad_y", in.grad_y},
-                     {"expanded_row_idx", in.expanded_row_idx},
-                     {"expanded_x", in.expanded_x},
-                     {"scales", in.scales},
-                     {"expert_idx", in.expert_idx},
-                     {"bias", in.bias}},
-                    {{"grad_expanded_x", out.grad_expanded_x, p.grad_expanded_x},
-                     {"grad_scales", out.grad_scales, grad_scales},
-                     {"grad_bias", out.grad_bias, grad_bias}},
-                    config, workspace));
-  return Status::ok();
+  return validate_call(kOp,
+                       {{"grad_y", in.grad_y},
+                        {"expanded_row_idx", in.expanded_row_idx},
+                        {"expanded_x", in.expanded_x},
+                        {"scales", in.scales},
+                        {"expert_idx", in.expert_idx},
+                        {"bias", in.bias}},
+                       {{"grad_expanded_x", out.grad_expanded_x, p.grad_expanded_x},
+                        {"grad_scales", out.grad_scales, grad_scales},
+                        {"grad_bias", out.grad_bias, grad_bias}},
+                       config, workspace);
 }
 
 int cpu_threads(const MoeFinalizeRoutingGradPlan& plan, int num_threads) {

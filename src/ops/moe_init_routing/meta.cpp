@@ -485,7 +485,7 @@ Status validate_moe_init_routing_v2(const TensorView& x, const TensorView& exper
                                     const TensorView& expert_tokens_before_capacity,
                                     const ExecConfig& config, MoeInitRoutingV2Plan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(infer_moe_init_routing_v2(x, expert_idx, attrs, plan));
-  MOE_ROUTING_RETURN_IF_ERROR(validate_call(
+  return validate_call(
       kOpV2, {{"x", x}, {"expert_idx", expert_idx}},
       {{"expanded_x", expanded_x, plan->expanded_x},
        {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
@@ -494,8 +494,7 @@ Status validate_moe_init_routing_v2(const TensorView& x, const TensorView& exper
        {"expert_tokens_before_capacity", expert_tokens_before_capacity,
         plan->expert_tokens_before_capacity}},
       config,
-      routing_workspace(routing_problem(*plan), config, "moe_init_routing_v2_workspace_size")));
-  return Status::ok();
+      routing_workspace(routing_problem(*plan), config, "moe_init_routing_v2_workspace_size"));
 }
 
 Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
@@ -508,7 +507,7 @@ Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_i
                                  MoeInitRoutingPlan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(
       infer_moe_init_routing(x, expert_idx, scale, offset, topk_weight, attrs, plan));
-  MOE_ROUTING_RETURN_IF_ERROR(validate_call(
+  return validate_call(
       kOp,
       {{"x", x},
        {"expert_idx", expert_idx},
@@ -521,9 +520,7 @@ Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_i
         plan->expert_tokens_count_or_cumsum},
        {"expanded_scale", expanded_scale, plan->expanded_scale},
        {"expanded_topk_weight", expanded_topk_weight, plan->expanded_topk_weight}},
-      config,
-      routing_workspace(routing_problem(*plan), config, "moe_init_routing_workspace_size")));
-  return Status::ok();
+      config, routing_workspace(routing_problem(*plan), config, "moe_init_routing_workspace_size"));
 }
 
 }  // namespace detail
