@@ -85,6 +85,24 @@ void moe_finalize_routing_grad(const detail::FinalizeRoutingGradProblem& p) {
       acc = k == 0 ? term(pairs[k], j) : acc + term(pairs[k], j);
     return acc;
   };
+  // grad_scales first, into scratch: its trees allocate, and nothing may be allocated once an
+  // output has been written (an allocation failure would leave outputs half written).
+  std::vector<float> grad_scales;
+  if (p.grad_scales != nullptr) {
+    grad_scales.assign(size_t(N * K), 0.0f);  // a dropped pair's gradient is 0
+    std::vector<float> products(static_cast<size_t>(H));
+    for (int64_t q = 0; q < N * K; ++q) {
+      if (p.dropped(q)) continue;
+      const int64_t r = p.expanded_row_idx[q], i = q / K;
+      for (int64_t j = 0; j < H; ++j) {
+        float xv = load_as_float(p.expanded_x, dt, r * H + j);
+        if (p.bias != nullptr) xv = xv + load_as_float(p.bias, dt, p.expert_idx[q] * H + j);
+        products[size_t(j)] = xv * load_as_float(p.grad_y, dt, i * H + j);
+      }
+      grad_scales[size_t(q)] =
+          p.tree_order ? sum_atlas_a2(products, p.chunk) : sum_ascend_950(products);
+    }
+  }
   for (int64_t r = 0; r < R; ++r)
     for (int64_t j = 0; j < H; ++j)
       store_from_float(p.grad_expanded_x, dt, r * H + j, sum_pairs(row_pairs[size_t(r)], j));
@@ -92,21 +110,8 @@ void moe_finalize_routing_grad(const detail::FinalizeRoutingGradProblem& p) {
     for (int64_t e = 0; e < p.expert_num; ++e)
       for (int64_t j = 0; j < H; ++j)
         store_from_float(p.grad_bias, dt, e * H + j, sum_pairs(expert_pairs[size_t(e)], j));
-  if (p.grad_scales == nullptr) return;
-  std::vector<float> products(static_cast<size_t>(H));
-  for (int64_t q = 0; q < N * K; ++q) {
-    float result = 0.0f;  // a dropped pair's gradient is 0
-    if (!p.dropped(q)) {
-      const int64_t r = p.expanded_row_idx[q], i = q / K;
-      for (int64_t j = 0; j < H; ++j) {
-        float xv = load_as_float(p.expanded_x, dt, r * H + j);
-        if (p.bias != nullptr) xv = xv + load_as_float(p.bias, dt, p.expert_idx[q] * H + j);
-        products[size_t(j)] = xv * load_as_float(p.grad_y, dt, i * H + j);
-      }
-      result = p.tree_order ? sum_atlas_a2(products, p.chunk) : sum_ascend_950(products);
-    }
-    store_from_float(p.grad_scales, p.scales_dtype, q, result);
-  }
+  for (size_t q = 0; q < grad_scales.size(); ++q)
+    store_from_float(p.grad_scales, p.scales_dtype, int64_t(q), grad_scales[q]);
 }
 
 }  // namespace moe_routing::reference

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cases/random.h"
+#include "moe_routing/moe_finalize_routing.h"
 #include "moe_routing/moe_init_routing.h"
 #include "moe_routing/moe_routing.h"
 
@@ -21,8 +22,28 @@ namespace {
 std::atomic<bool> counting{false};
 std::atomic<int64_t> allocations{0};
 
+/// Outputs being watched: an allocation made once any of their bytes differs from the fill byte
+/// is counted in `allocations_after_write` (the reference backends must allocate before they
+/// write, so that an allocation failure leaves every output untouched).
+constexpr unsigned char kFill = 0x5a;
+struct Watched {
+  const unsigned char* bytes;
+  std::size_t size;
+};
+std::atomic<const std::vector<Watched>*> watched{nullptr};
+std::atomic<int64_t> allocations_after_write{0};
+
+bool any_written(const std::vector<Watched>& outputs) {
+  for (const Watched& w : outputs)
+    for (std::size_t i = 0; i < w.size; ++i)
+      if (w.bytes[i] != kFill) return true;
+  return false;
+}
+
 void* counted_allocation(std::size_t size) {
   if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
+  if (const std::vector<Watched>* outputs = watched.load(std::memory_order_relaxed))
+    if (any_written(*outputs)) allocations_after_write.fetch_add(1);
   if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
   throw std::bad_alloc();
 }
@@ -385,6 +406,55 @@ TEST_F(NoAllocation, CppApiWithoutWorkspaceReusesItsScratch) {
   EXPECT_EQ(allocations_during([&] { status = call(); }), 0);
   EXPECT_TRUE(status.is_ok()) << status.message();
   EXPECT_EQ(counts[0], kTokens * kTopK / kExperts);
+}
+
+// The reference backend of the combine's backward computed grad_scales (whose trees allocate)
+// after writing grad_expanded_x and grad_bias: a failed allocation there left those outputs
+// written under an error. It now allocates before it writes.
+TEST_F(NoAllocation, ReferenceBackendAllocatesBeforeWriting) {
+  using namespace moe_routing;
+  constexpr int64_t N = 8, K = 2, H = 96, E = 4;
+  std::vector<float> gy(size_t(N * H)), ex(size_t(N * K * H)), bias(size_t(E * H));
+  std::vector<float> scales(size_t(N * K));
+  std::vector<int32_t> idx(size_t(N * K)), experts(size_t(N * K));
+  for (size_t i = 0; i < gy.size(); ++i) gy[i] = float(int(i % 7) - 3) / 4.0f;
+  for (size_t i = 0; i < ex.size(); ++i) ex[i] = float(int(i % 5) - 2) / 8.0f;
+  for (size_t i = 0; i < bias.size(); ++i) bias[i] = float(int(i % 3)) / 2.0f;
+  for (size_t q = 0; q < idx.size(); ++q) {
+    idx[q] = int32_t((q * 5) % size_t(N * K));  // 5 is coprime to 16: a permutation
+    experts[q] = int32_t(q % size_t(E));
+    scales[q] = float(q + 1) / 16.0f;
+  }
+  MoeFinalizeRoutingGradInputs in;
+  in.grad_y = TensorView(gy.data(), DType::float32, {N, H});
+  in.expanded_row_idx = TensorView(idx.data(), DType::int32, {N * K});
+  in.expanded_x = TensorView(ex.data(), DType::float32, {N * K, H});
+  in.scales = TensorView(scales.data(), DType::float32, {N, K});
+  in.expert_idx = TensorView(experts.data(), DType::int32, {N, K});
+  in.bias = TensorView(bias.data(), DType::float32, {E, H});
+  for (Numerics numerics : {Numerics::atlas_a2, Numerics::ascend_950}) {
+    MoeFinalizeRoutingGradAttrs attrs;
+    attrs.numerics = numerics;
+    std::vector<float> gex(ex.size()), gs(scales.size()), gb(bias.size());
+    for (auto* v : {&gex, &gs, &gb}) std::memset(v->data(), kFill, v->size() * sizeof(float));
+    MoeFinalizeRoutingGradOutputs out;
+    out.grad_expanded_x = TensorView(gex.data(), DType::float32, {N * K, H});
+    out.grad_scales = TensorView(gs.data(), DType::float32, {N, K});
+    out.grad_bias = TensorView(gb.data(), DType::float32, {E, H});
+    ExecConfig config;
+    config.backend = Backend::reference;
+    const std::vector<Watched> outputs{
+        {reinterpret_cast<const unsigned char*>(gex.data()), gex.size() * sizeof(float)},
+        {reinterpret_cast<const unsigned char*>(gs.data()), gs.size() * sizeof(float)},
+        {reinterpret_cast<const unsigned char*>(gb.data()), gb.size() * sizeof(float)}};
+    allocations_after_write.store(0);
+    watched.store(&outputs);
+    const Status status = moe_finalize_routing_grad(in, attrs, out, config);
+    watched.store(nullptr);
+    ASSERT_TRUE(status.is_ok()) << status.message();
+    EXPECT_TRUE(any_written(outputs));
+    EXPECT_EQ(allocations_after_write.load(), 0) << "numerics " << int(numerics);
+  }
 }
 
 // The counter itself works, also on the pool's threads: a parallel loop whose body allocates.
