@@ -185,27 +185,14 @@ Status zero_device_memory(const char* op, void* data, size_t bytes, void* stream
 }
 
 // ---- messages ----------------------------------------------------------------------------------
-// Worded exactly as check_moe_init_routing_grad_indices and check_moe_init_routing_v2_expert_idx
-// (src/ops/*/meta.cpp) word them; test_cuda_host.cpp compares the two on the CPU.
+// The CPU checks' own wording (src/params/*_problem.h); test_cuda_host.cpp compares the two.
 
 Status grad_index_error(const MoeInitRoutingGradPlan& plan, int64_t position, int64_t value) {
-  const char* op = "moe_init_routing_grad: ";
-  if (value < 0)
-    return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
-                              plan.source_rows,
-                              ") (-1, which marks a dropped pair, is the only negative value "
-                              "allowed)");
-  return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
-                            plan.source_rows, ")");
+  return detail::grad_row_index_error(plan, position, value);
 }
 
 Status v2_expert_id_error(int64_t top_k, int64_t limit, int64_t position, int64_t id) {
-  const char* op = "moe_init_routing_v2: ";
-  if (limit == std::numeric_limits<int64_t>::max())
-    return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k,
-                              "] = ", id, " is negative (expert ids must be >= 0)");
-  return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k, "] = ", id,
-                            " is outside [0, ", limit, ") (expert_num)");
+  return detail::v2_expert_id_error(top_k, limit, position, id);
 }
 
 // ---- device_memory.h ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "moe_routing/moe_init_routing_grad.h"
+#include "moe_routing/status.h"
 
 namespace moe_routing::detail {
 
@@ -17,5 +18,19 @@ struct GradProblem {
 
   int64_t pairs() const { return plan.num_rows * plan.top_k; }
 };
+
+/// The index_out_of_range error for expanded_row_idx[position] = value outside [0, source_rows)
+/// (and not a skipped -1 or active_num cut): the one wording of every backend's check.
+inline Status grad_row_index_error(const MoeInitRoutingGradPlan& plan, int64_t position,
+                                   int64_t value) {
+  const char* op = "moe_init_routing_grad: ";
+  if (value < 0)
+    return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
+                              plan.source_rows,
+                              ") (-1, which marks a dropped pair, is the only negative value "
+                              "allowed)");
+  return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
+                            plan.source_rows, ")");
+}
 
 }  // namespace moe_routing::detail

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "moe_routing/moe_init_routing.h"
+#include "moe_routing/status.h"
 
 namespace moe_routing::detail {
 
@@ -63,5 +65,17 @@ struct RoutingProblem {
     return hidden > 0 || expanded_scale != nullptr || expanded_topk_weight != nullptr;
   }
 };
+
+/// The index_out_of_range error for moe_init_routing_v2's expert_idx at pair `position` (row
+/// position / top_k, column position % top_k) = id outside [0, limit); limit is INT64_MAX when
+/// only negative ids are refused. The one wording of every backend's check.
+inline Status v2_expert_id_error(int64_t top_k, int64_t limit, int64_t position, int64_t id) {
+  const char* op = "moe_init_routing_v2: ";
+  if (limit == std::numeric_limits<int64_t>::max())
+    return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k,
+                              "] = ", id, " is negative (expert ids must be >= 0)");
+  return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k, "] = ", id,
+                            " is outside [0, ", limit, ") (expert_num)");
+}
 
 }  // namespace moe_routing::detail

@@ -212,11 +212,7 @@ Status check_moe_init_routing_v2_expert_idx(const int32_t* expert_idx,
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t id = expert_idx[p];
     if (id >= 0 && id < limit) continue;
-    if (limit == kInt64Max)
-      return index_out_of_range(kOpV2, "expert_idx[", p / K, "][", p % K, "] = ", id,
-                                " is negative (expert ids must be >= 0)");
-    return index_out_of_range(kOpV2, "expert_idx[", p / K, "][", p % K, "] = ", id,
-                              " is outside [0, ", limit, ") (expert_num)");
+    return detail::v2_expert_id_error(K, limit, p, id);
   }
   return Status::ok();
 }

@@ -9,6 +9,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "ops/validation.h"
+#include "params/moe_init_routing_grad_problem.h"
 
 namespace moe_routing {
 namespace {
@@ -161,15 +162,7 @@ Status check_moe_init_routing_grad_indices(const int32_t* expanded_row_idx,
   for (int64_t p = 0; p < pairs; ++p) {
     const int64_t r = expanded_row_idx[p];
     if (r == -1 || r >= plan.skip_from) continue;  // dropped pair: skipped
-    if (r < 0 || r >= plan.source_rows) {
-      if (r < 0)
-        return index_out_of_range(kOp, "expanded_row_idx[", p, "] = ", r, " is outside [0, ",
-                                  plan.source_rows,
-                                  ") (-1, which marks a dropped pair, is the only negative value "
-                                  "allowed)");
-      return index_out_of_range(kOp, "expanded_row_idx[", p, "] = ", r, " is outside [0, ",
-                                plan.source_rows, ")");
-    }
+    if (r < 0 || r >= plan.source_rows) return detail::grad_row_index_error(plan, p, r);
   }
   return Status::ok();
 }
