@@ -17,6 +17,7 @@ import torch
 import ep_cases
 from ep_cases import ep_moe
 import moe_routing.distributed as ep
+from moe_routing.distributed import _comm as comm_module
 from moe_routing.distributed import _launch as launch_module
 from ep_cases import case
 
@@ -324,3 +325,20 @@ def test_all_to_all_splits_world_of_one():
         with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
                                                        f"(one per rank), got {bad!r}")):
             ep.all_to_all(rows, bad, [3])
+
+
+@pytest.mark.parametrize("handle", [None, (1, 2), "handle", ep.DispatchHandle()],
+                         ids=["none", "tuple", "str", "handle_not_from_dispatch"])
+def test_combine_refuses_a_non_handle_before_any_collective(handle, monkeypatch):
+    """Without a handle there is no group to agree on: combine once exchanged on the default group
+    instead (in a subgroup its peers waited in theirs, and it in its own, until both timed out).
+    A TypeError now, on this rank alone, before any collective."""
+    def no_collective(*args, **kwargs):
+        raise AssertionError("combine attempted a collective")
+
+    monkeypatch.setattr(comm_module.Comm, "all_gather_fixed", no_collective)
+    monkeypatch.setattr(comm_module.Comm, "all_to_all_rows", no_collective)
+    got = type(handle).__name__ + (" (not made by dispatch)" if isinstance(handle, ep.DispatchHandle) else "")
+    with pytest.raises(TypeError, match=re.escape("moe_routing.distributed.combine: handle must be the handle "
+                                                  f"returned by dispatch, got {got}")):
+        ep.combine(torch.zeros(3, 4), handle)

@@ -644,8 +644,6 @@ def _send_token_rows(comm: Comm, rows: torch.Tensor, h: DispatchHandle, step: st
 
 def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
     op = "moe_routing.distributed.combine"
-    if not isinstance(h, DispatchHandle):
-        raise ValueError(f"{op}: handle must be the DispatchHandle dispatch returned, got {type(h).__name__}")
     shape = list(h.recv_shape)
     if (not isinstance(expert_out, torch.Tensor) or list(expert_out.shape) != shape
             or expert_out.dtype != h.dtype):
@@ -704,10 +702,18 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
         pairs (capacity) add nothing, as single-device drop-pad.
 
     Raises:
+        TypeError: handle is not a handle dispatch returned (on this rank alone, before any
+            collective: the other ranks time out in the agreement exchange).
         ValueError: bad arguments on any rank, or ranks that disagree (the same error on every rank).
         RuntimeError: a collective failed or timed out (naming the operation and the rank).
     """
-    comm = handle.comm.renamed("combine") if isinstance(handle, DispatchHandle) else Comm(None, "combine")
+    # The handle names the group to agree on, so it is checked here, on this rank alone, before any
+    # collective (the default group's exchange once left a subgroup's peers waiting in theirs, and
+    # this rank in its own): the peers then time out in the agreement exchange.
+    if not isinstance(handle, DispatchHandle) or not handle.serial:
+        got = type(handle).__name__ + (" (not made by dispatch)" if isinstance(handle, DispatchHandle) else "")
+        raise TypeError(f"moe_routing.distributed.combine: handle must be the handle returned by dispatch, got {got}")
+    comm = handle.comm.renamed("combine")
     error = None
     try:
         _combine_checks(expert_out, handle, scales, x1, x2, bias, numerics)
