@@ -4,6 +4,7 @@ each rank, compared bit for bit with the single-device computation of the global
 every rank also computes (the global inputs come from one seed)."""
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
@@ -285,6 +286,16 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     # the other ranks, which run none.
     out["all_to_all_requires_grad"] = _expect_error(
         lambda: ep.all_to_all(rows.clone().requires_grad_(rank == 0), [1] * world, [1] * world))
+    # Each of the next cases on a group of its own with a short timeout: without their fix, a rank
+    # went on alone while its peers waited (on the default group, for its whole timeout).
+    def short_group():
+        return dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=5))
+
+    # A split size beyond int64 failed to enter the agreement message on its own rank (a
+    # ValueError there, before the exchange its peers waited in).
+    huge = [2**63 if rank == 0 else 1] + [1] * (world - 1)
+    out["all_to_all_split_int64"] = _expect_error(lambda: ep.all_to_all(rows, huge, [1] * world,
+                                                                        group=short_group()))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out

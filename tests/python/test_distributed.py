@@ -139,6 +139,8 @@ MISMATCHES = {
                                 "got True (rank 0), False (rank",
     "replicate_rows_requires_grad": "replicate_rows: rows.requires_grad (with grad mode) must be the same on every "
                                     "rank, got True (rank 0), False (rank",
+    "all_to_all_split_int64": "all_to_all: output_split_sizes must be at most 9223372036854775807 each (int64), "
+                              "got 9223372036854775808 (on rank 0)",
 }
 
 
@@ -325,6 +327,11 @@ def test_all_to_all_splits_world_of_one():
         with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
                                                        f"(one per rank), got {bad!r}")):
             ep.all_to_all(rows, bad, [3])
+    # Beyond int64 a split size failed to enter the agreement message, on its own rank, before the
+    # exchange its peers waited in: now it is the agreement's error ("(on rank 0)").
+    with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be at most 9223372036854775807 "
+                                                   "each (int64), got 9223372036854775808 (on rank 0)")):
+        ep.all_to_all(rows, [2**63], [3])
 
 
 @pytest.mark.parametrize("handle", [None, (1, 2), "handle", ep.DispatchHandle()],

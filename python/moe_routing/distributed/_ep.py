@@ -61,6 +61,7 @@ _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 _OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4}
 # Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
 _ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
@@ -288,6 +289,10 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
         if error is None and (splits[name] is None or len(splits[name]) != comm.world or min(splits[name]) < 0):
             error = (f"{op}: {name} must be {comm.world} non-negative ints (one per rank), got "
                      f"{splits[name] if splits[name] is not None else given!r}")
+        # They travel in the int64 agreement message: a larger one once failed there, on this rank
+        # alone, while its peers waited in the exchange.
+        if error is None and max(splits[name]) > _INT64_MAX:
+            error = f"{op}: {name} must be at most {_INT64_MAX} each (int64), got {max(splits[name])}"
     output_splits, input_splits = splits["output_split_sizes"], splits["input_split_sizes"]
     if error is None and sum(input_splits) != rows.shape[0]:
         error = f"{op}: sum(input_split_sizes) must equal rows.size(0) ({rows.shape[0]}), got {sum(input_splits)}"
