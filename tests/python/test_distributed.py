@@ -18,6 +18,7 @@ import ep_cases
 from ep_cases import ep_moe
 import moe_routing.distributed as ep
 from moe_routing.distributed import _comm as comm_module
+from moe_routing.distributed import _ep as ep_module
 from moe_routing.distributed import _launch as launch_module
 from ep_cases import case
 
@@ -139,6 +140,10 @@ MISMATCHES = {
                                 "got True (rank 0), False (rank",
     "replicate_rows_requires_grad": "replicate_rows: rows.requires_grad (with grad mode) must be the same on every "
                                     "rank, got True (rank 0), False (rank",
+    "replicate_rows_device": "replicate_rows: the device type of rows must be the same on every rank, got cpu (rank",
+    "all_to_all_device": "all_to_all: the device type of rows must be the same on every rank, got cpu (rank",
+    "dispatch_device": "dispatch: the device type of x must be the same on every rank, got cpu (rank",
+    "combine_device": "combine: the device type of expert_out must be the same on every rank, got cpu (rank",
     "all_to_all_split_int64": "all_to_all: output_split_sizes must be at most 9223372036854775807 each (int64), "
                               "got 9223372036854775808 (on rank 0)",
 }
@@ -349,3 +354,28 @@ def test_combine_refuses_a_non_handle_before_any_collective(handle, monkeypatch)
     with pytest.raises(TypeError, match=re.escape("moe_routing.distributed.combine: handle must be the handle "
                                                   f"returned by dispatch, got {got}")):
         ep.combine(torch.zeros(3, 4), handle)
+
+
+@pytest.mark.parametrize("op,argument", [("dispatch", "x"), ("combine", "expert_out"), ("replicate_rows", "rows"),
+                                         ("all_to_all", "rows")])
+def test_device_type_is_agreed_world_of_one(op, argument, monkeypatch):
+    """A peer whose tensors are CUDA ones (its agreement record forged: this rank's, but for the
+    device type): every rank raises, naming the argument and both device types. The device type
+    was once not agreed: a rank with CPU tensors among CUDA ones met NCCL's error alone, in the rows'
+    exchange, while its peers waited there."""
+    x, idx = torch.randn(3, 4), torch.tensor([[0], [1], [0]], dtype=torch.int32)
+    recv_x, _, handle = ep.dispatch(x, idx, 2)
+    calls = {"dispatch": lambda: ep.dispatch(x, idx, 2), "combine": lambda: ep.combine(recv_x, handle),
+             "replicate_rows": lambda: ep.replicate_rows(x), "all_to_all": lambda: ep.all_to_all(x, [3], [3])}
+    exchange = comm_module.Comm.all_gather_fixed
+
+    def with_a_cuda_peer(self, message, step):
+        table = exchange(self, message, step)
+        peer = table[0].clone()
+        peer[ep_module._F_DEVICE] = ep_module._device_code(types.SimpleNamespace(device=torch.device("cuda")))
+        return torch.cat([table, peer.unsqueeze(0)])
+
+    monkeypatch.setattr(comm_module.Comm, "all_gather_fixed", with_a_cuda_peer)
+    with pytest.raises(ValueError, match=re.escape(f"moe_routing.distributed.{op}: the device type of {argument} must "
+                                                   "be the same on every rank, got cpu (rank 0), cuda (rank 1)")):
+        calls[op]()
