@@ -4,16 +4,20 @@ each rank, compared bit for bit with the single-device computation of the global
 every rank also computes (the global inputs come from one seed)."""
 from __future__ import annotations
 
+import contextlib
+import datetime
 import os
 import sys
 import time
 from typing import Dict, List, Optional
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 
 import moe_routing
 import moe_routing.distributed as ep
+from moe_routing.distributed import _ep as ep_module
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
 import ep_moe  # noqa: E402
@@ -285,6 +289,33 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     # the other ranks, which run none.
     out["all_to_all_requires_grad"] = _expect_error(
         lambda: ep.all_to_all(rows.clone().requires_grad_(rank == 0), [1] * world, [1] * world))
+    # Each of the next cases on a group of its own with a short timeout: without their fix, a rank
+    # went on alone while its peers waited (on the default group, for its whole timeout).
+    def short_group():
+        return dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=5))
+
+    # The device type is agreed: NCCL refuses the CPU tensors of a rank among CUDA ones, in the rows'
+    # exchange, on that rank alone (gloo took meta rows on the last rank without an error, leaving
+    # rank 0 waiting). Meta tensors are a device type this machine has.
+    meta_x = torch.empty(x.shape, device="meta") if rank == last else x
+    out["replicate_rows_device"] = _expect_error(lambda: ep.replicate_rows(meta_x, group=short_group()))
+    meta_rows = torch.empty(rows.shape, device="meta") if rank == last else rows
+    out["all_to_all_device"] = _expect_error(lambda: ep.all_to_all(meta_rows, [1] * world, [1] * world,
+                                                                   group=short_group()))
+    # Meta tensors cannot pass dispatch's own checks (they read expert_idx), and combine's
+    # expert_out must be on its handle's device: the last rank records its CPU tensors' device
+    # type as meta's, as a rank on another device type would record its own.
+    real_code = getattr(ep_module, "_device_code", None)
+    forged = mock.patch.object(ep_module, "_device_code", create=True,
+                               new=lambda t: real_code(torch.empty(0, device="meta")))
+    with forged if rank == last else contextlib.nullcontext():
+        out["dispatch_device"] = _expect_error(lambda: ep.dispatch(x, idx, e))
+        out["combine_device"] = _expect_error(lambda: ep.combine(recv_x, handle))
+    # A split size beyond int64 failed to enter the agreement message on its own rank (a
+    # ValueError there, before the exchange its peers waited in).
+    huge = [2**63 if rank == 0 else 1] + [1] * (world - 1)
+    out["all_to_all_split_int64"] = _expect_error(lambda: ep.all_to_all(rows, huge, [1] * world,
+                                                                        group=short_group()))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out

@@ -17,6 +17,8 @@ import torch
 import ep_cases
 from ep_cases import ep_moe
 import moe_routing.distributed as ep
+from moe_routing.distributed import _comm as comm_module
+from moe_routing.distributed import _ep as ep_module
 from moe_routing.distributed import _launch as launch_module
 from ep_cases import case
 
@@ -138,6 +140,12 @@ MISMATCHES = {
                                 "got True (rank 0), False (rank",
     "replicate_rows_requires_grad": "replicate_rows: rows.requires_grad (with grad mode) must be the same on every "
                                     "rank, got True (rank 0), False (rank",
+    "replicate_rows_device": "replicate_rows: the device type of rows must be the same on every rank, got cpu (rank",
+    "all_to_all_device": "all_to_all: the device type of rows must be the same on every rank, got cpu (rank",
+    "dispatch_device": "dispatch: the device type of x must be the same on every rank, got cpu (rank",
+    "combine_device": "combine: the device type of expert_out must be the same on every rank, got cpu (rank",
+    "all_to_all_split_int64": "all_to_all: output_split_sizes must be at most 9223372036854775807 each (int64), "
+                              "got 9223372036854775808 (on rank 0)",
 }
 
 
@@ -324,3 +332,50 @@ def test_all_to_all_splits_world_of_one():
         with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
                                                        f"(one per rank), got {bad!r}")):
             ep.all_to_all(rows, bad, [3])
+    # Beyond int64 a split size failed to enter the agreement message, on its own rank, before the
+    # exchange its peers waited in: now it is the agreement's error ("(on rank 0)").
+    with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be at most 9223372036854775807 "
+                                                   "each (int64), got 9223372036854775808 (on rank 0)")):
+        ep.all_to_all(rows, [2**63], [3])
+
+
+@pytest.mark.parametrize("handle", [None, (1, 2), "handle", ep.DispatchHandle()],
+                         ids=["none", "tuple", "str", "handle_not_from_dispatch"])
+def test_combine_refuses_a_non_handle_before_any_collective(handle, monkeypatch):
+    """Without a handle there is no group to agree on: combine once exchanged on the default group
+    instead (in a subgroup its peers waited in theirs, and it in its own, until both timed out).
+    A TypeError now, on this rank alone, before any collective."""
+    def no_collective(*args, **kwargs):
+        raise AssertionError("combine attempted a collective")
+
+    monkeypatch.setattr(comm_module.Comm, "all_gather_fixed", no_collective)
+    monkeypatch.setattr(comm_module.Comm, "all_to_all_rows", no_collective)
+    got = type(handle).__name__ + (" (not made by dispatch)" if isinstance(handle, ep.DispatchHandle) else "")
+    with pytest.raises(TypeError, match=re.escape("moe_routing.distributed.combine: handle must be the handle "
+                                                  f"returned by dispatch, got {got}")):
+        ep.combine(torch.zeros(3, 4), handle)
+
+
+@pytest.mark.parametrize("op,argument", [("dispatch", "x"), ("combine", "expert_out"), ("replicate_rows", "rows"),
+                                         ("all_to_all", "rows")])
+def test_device_type_is_agreed_world_of_one(op, argument, monkeypatch):
+    """A peer whose tensors are CUDA ones (its agreement record forged: this rank's, but for the
+    device type): every rank raises, naming the argument and both device types. The device type
+    was once not agreed: a rank with CPU tensors among CUDA ones met NCCL's error alone, in the rows'
+    exchange, while its peers waited there."""
+    x, idx = torch.randn(3, 4), torch.tensor([[0], [1], [0]], dtype=torch.int32)
+    recv_x, _, handle = ep.dispatch(x, idx, 2)
+    calls = {"dispatch": lambda: ep.dispatch(x, idx, 2), "combine": lambda: ep.combine(recv_x, handle),
+             "replicate_rows": lambda: ep.replicate_rows(x), "all_to_all": lambda: ep.all_to_all(x, [3], [3])}
+    exchange = comm_module.Comm.all_gather_fixed
+
+    def with_a_cuda_peer(self, message, step):
+        table = exchange(self, message, step)
+        peer = table[0].clone()
+        peer[ep_module._F_DEVICE] = ep_module._device_code(types.SimpleNamespace(device=torch.device("cuda")))
+        return torch.cat([table, peer.unsqueeze(0)])
+
+    monkeypatch.setattr(comm_module.Comm, "all_gather_fixed", with_a_cuda_peer)
+    with pytest.raises(ValueError, match=re.escape(f"moe_routing.distributed.{op}: the device type of {argument} must "
+                                                   "be the same on every rank, got cpu (rank 0), cuda (rank 1)")):
+        calls[op]()

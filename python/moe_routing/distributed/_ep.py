@@ -61,6 +61,7 @@ _DTYPE_CODES = {torch.float32: 1, torch.float16: 2, torch.bfloat16: 3}
 _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, code in _DTYPE_CODES.items()}}
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
 _INT32_MAX = 2**31 - 1
+_INT64_MAX = 2**63 - 1
 _OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4}
 # Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
 _ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
@@ -68,14 +69,32 @@ _ROW_SIZES = 8  # replicate_rows: the sizes after the first compared one by one 
 
 # Header fields: (position, name used in the disagreement message, how to print a value).
 _F_MAGIC, _F_OP, _F_WORLD, _F_HAS_ERROR, _F_TEXT_BYTES, _F_TOKENS = 0, 1, 2, 3, 4, 5
+# Every operation's tensors' device type, at one position past every operation's other fields: a
+# rank passing CPU tensors while its peers pass CUDA (or NPU) ones would meet the backend's error
+# alone in the rows' exchange (NCCL refuses CPU tensors) while its peers wait in it.
+_F_DEVICE = 18
+
+
+def _device_code(t: torch.Tensor) -> int:
+    """t's device type ("cpu", "cuda", "npu", ...) as one int64 word: the first 8 bytes of its
+    name (every PyTorch device type but the unrenamed "privateuseone" is shorter)."""
+    return int.from_bytes(t.device.type.encode("utf-8")[:8], "little", signed=True)
+
+
+def _device_name(code: int) -> str:
+    return code.to_bytes(8, "little", signed=True).rstrip(b"\0").decode("utf-8", errors="replace") or "none"
+
+
 _AGREED_FIELDS = {
     "dispatch": [(6, "num_experts", str), (7, "the hidden size H (x.size(1))", str),
                  (8, "the top-k K (expert_idx.size(1))", str), (9, "the dtype of x", _DTYPE_NAMES.get),
+                 (_F_DEVICE, "the device type of x", _device_name),
                  (10, "expert_capacity", lambda v: "None" if v < 0 else str(v)),
                  (11, "numerics", lambda v: {1: "atlas_a2", 2: "ascend_950"}.get(v, "?")),
                  (12, "x.requires_grad (with grad mode)", lambda v: str(bool(v)))],
     "combine": [(6, "the dispatch handle's num_experts", str), (7, "the dispatch handle's H", str),
                 (8, "the dispatch handle's K", str), (9, "the dtype of expert_out", _DTYPE_NAMES.get),
+                (_F_DEVICE, "the device type of expert_out", _device_name),
                 (10, "the dispatch handle's expert_capacity", lambda v: "None" if v < 0 else str(v)),
                 (11, "numerics", lambda v: {1: "atlas_a2", 2: "ascend_950"}.get(v, "?")),
                 (12, "whether scales is given, and its dtype", lambda v: _DTYPE_NAMES.get(v, "?")),
@@ -95,8 +114,10 @@ _AGREED_FIELDS["replicate_rows"] = (
     [(6, "rows.dim()", str)]
     + [(7 + i, f"rows.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
     + [(7 + _ROW_SIZES, "the number of elements of a row", str),
-       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v]))])
+       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v])),
+       (_F_DEVICE, "the device type of rows", _device_name)])
 _F_ROWS_REQUIRE_GRAD = 9 + _ROW_SIZES
+assert _F_ROWS_REQUIRE_GRAD < _F_DEVICE < _HEADER_WORDS
 _AGREED_FIELDS["replicate_rows"] += [
     (_F_ROWS_REQUIRE_GRAD, "rows.requires_grad (with grad mode)", lambda v: str(bool(v)))]
 _AGREED_FIELDS["all_to_all"] = list(_AGREED_FIELDS["replicate_rows"])
@@ -240,7 +261,8 @@ def row_fields(op: str, rows) -> Tuple[dict, Optional[str]]:
     trailing = list(rows.shape[1:])
     sizes = (trailing + [-1] * _ROW_SIZES)[:_ROW_SIZES]
     return {6: rows.dim(), **{7 + i: size for i, size in enumerate(sizes)}, 7 + _ROW_SIZES: math.prod(trailing),
-            8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype), _F_ROWS_REQUIRE_GRAD: int(_requires_grad(rows))}, None
+            8 + _ROW_SIZES: _ALL_DTYPES.index(rows.dtype), _F_ROWS_REQUIRE_GRAD: int(_requires_grad(rows)),
+            _F_DEVICE: _device_code(rows)}, None
 
 
 def _exchange(op: str, comm: Comm, fields: dict, error: Optional[str], tokens: int,
@@ -270,8 +292,8 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
     Raises:
         ValueError: bad arguments on any rank, split sizes the ranks disagree on (what rank s sends
             rank d is not what d expects from s), rows of different dimensions, sizes after the
-            first or dtypes, or rows needing a gradient on some ranks only (the backward is a
-            collective): the same error on every rank (one agreement exchange first; gloo
+            first, dtypes or device types, or rows needing a gradient on some ranks only (the
+            backward is a collective): the same error on every rank (one agreement exchange first; gloo
             otherwise left the unsent rows uninitialised, or aborted the process).
         RuntimeError: the collective failed or timed out (naming the operation and rank).
     """
@@ -288,6 +310,10 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
         if error is None and (splits[name] is None or len(splits[name]) != comm.world or min(splits[name]) < 0):
             error = (f"{op}: {name} must be {comm.world} non-negative ints (one per rank), got "
                      f"{splits[name] if splits[name] is not None else given!r}")
+        # They travel in the int64 agreement message: a larger one once failed there, on this rank
+        # alone, while its peers waited in the exchange.
+        if error is None and max(splits[name]) > _INT64_MAX:
+            error = f"{op}: {name} must be at most {_INT64_MAX} each (int64), got {max(splits[name])}"
     output_splits, input_splits = splits["output_split_sizes"], splits["input_split_sizes"]
     if error is None and sum(input_splits) != rows.shape[0]:
         error = f"{op}: sum(input_split_sizes) must equal rows.size(0) ({rows.shape[0]}), got {sum(input_splits)}"
@@ -352,8 +378,8 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
     """Sends each (token, choice) pair's row of x to the rank that owns its expert.
 
     Rank r of W owns experts [r*E/W, (r+1)*E/W) (num_experts E divisible by W). Every rank of the
-    group must call dispatch at the same time (with the same E, H, K, dtype, expert_capacity and
-    numerics: checked, a mismatch raises the same ValueError on every rank).
+    group must call dispatch at the same time (with the same E, H, K, dtype, device type,
+    expert_capacity and numerics: checked, a mismatch raises the same ValueError on every rank).
 
     Args:
         x: [N, H] float32/float16/bfloat16, this rank's tokens (N may be 0; N may differ by rank).
@@ -393,7 +419,8 @@ def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, gro
               9: _DTYPE_CODES.get(x.dtype, -1) if ok else -1,
               10: -1 if capacity is None else capacity,
               11: _NUMERICS_CODES[numerics] if ok else -1,
-              12: int(ok and torch.is_grad_enabled() and x.requires_grad)}
+              12: int(ok and torch.is_grad_enabled() and x.requires_grad),
+              _F_DEVICE: _device_code(x) if ok else 0}
     payload = torch.cat([routing.counts, routing.token_splits]).cpu() if ok else None
     table = _exchange("dispatch", comm, fields, error, x.shape[0] if ok else 0, payload)
     everything = _gather_payload(table, payload, experts + comm.world, comm)
@@ -644,8 +671,6 @@ def _send_token_rows(comm: Comm, rows: torch.Tensor, h: DispatchHandle, step: st
 
 def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
     op = "moe_routing.distributed.combine"
-    if not isinstance(h, DispatchHandle):
-        raise ValueError(f"{op}: handle must be the DispatchHandle dispatch returned, got {type(h).__name__}")
     shape = list(h.recv_shape)
     if (not isinstance(expert_out, torch.Tensor) or list(expert_out.shape) != shape
             or expert_out.dtype != h.dtype):
@@ -704,10 +729,18 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
         pairs (capacity) add nothing, as single-device drop-pad.
 
     Raises:
+        TypeError: handle is not a handle dispatch returned (on this rank alone, before any
+            collective: the other ranks time out in the agreement exchange).
         ValueError: bad arguments on any rank, or ranks that disagree (the same error on every rank).
         RuntimeError: a collective failed or timed out (naming the operation and the rank).
     """
-    comm = handle.comm.renamed("combine") if isinstance(handle, DispatchHandle) else Comm(None, "combine")
+    # The handle names the group to agree on, so it is checked here, on this rank alone, before any
+    # collective (the default group's exchange once left a subgroup's peers waiting in theirs, and
+    # this rank in its own): the peers then time out in the agreement exchange.
+    if not isinstance(handle, DispatchHandle) or not handle.serial:
+        got = type(handle).__name__ + (" (not made by dispatch)" if isinstance(handle, DispatchHandle) else "")
+        raise TypeError(f"moe_routing.distributed.combine: handle must be the handle returned by dispatch, got {got}")
+    comm = handle.comm.renamed("combine")
     error = None
     try:
         _combine_checks(expert_out, handle, scales, x1, x2, bias, numerics)
@@ -722,7 +755,7 @@ def combine(expert_out: torch.Tensor, handle: DispatchHandle, *, scales: Optiona
                   10: -1 if handle.expert_capacity is None else handle.expert_capacity,
                   11: _NUMERICS_CODES[numerics], 12: 0 if scales is None else _DTYPE_CODES[scales.dtype],
                   13: int(bias is not None), 14: int(needs[0]), 15: int(needs[1]), 16: int(needs[2]),
-                  17: handle.serial}
+                  17: handle.serial, _F_DEVICE: _device_code(expert_out)}
     _exchange("combine", comm, fields, error, handle.num_tokens if ok else 0, None)
     return _Combine.apply(expert_out, scales, x1, x2, bias, handle, comm, numerics, needs)
 

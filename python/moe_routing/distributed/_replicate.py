@@ -70,10 +70,11 @@ def replicate_rows(rows: torch.Tensor, *, group=None):
         (so that its gradient is identical on every rank) and returns this rank's rows of it.
     """
     comm = Comm(group, "replicate_rows")
-    # The agreement exchange of dispatch and combine, with the rows' count, dimensions, sizes and
-    # dtype: ranks whose rows differ would exchange rows of different byte widths, and a rank
-    # calling dispatch or combine meanwhile a message of another length (gloo aborts the process
-    # on either); so every rank raises the same ValueError instead.
+    # The agreement exchange of dispatch and combine, with the rows' count, dimensions, sizes, dtype
+    # and device type: ranks whose rows differ would exchange rows of different byte widths (or on
+    # a device type the backend refuses on one rank only), and a rank calling dispatch or combine
+    # meanwhile a message of another length (gloo aborts the process on either); so every rank
+    # raises the same ValueError instead.
     fields, error = row_fields("replicate_rows", rows)
     table = _exchange("replicate_rows", comm, fields, error, rows.shape[0] if error is None else 0, None)
     layout = RowLayout(comm, table[:, _F_TOKENS].tolist())
