@@ -277,6 +277,12 @@ def test_int32_limits_are_agreed_world_of_one():
                 prefix + "num_experts * expert_capacity must be at most 2147483647 (int32 row indices, as "
                 f"single-device drop-pad), got {shown} (on rank 0)")):
             ep.dispatch(x, idx, 2, expert_capacity=capacity)
+    # num_experts beyond int32 once reached every rank's E-sized count buffers (2**33 experts: 64 GiB
+    # each; found by an adversarial review); 2**62 failed in torch's own words.
+    for experts in (2**33, 2**62):
+        with pytest.raises(ValueError, match=re.escape(
+                prefix + f"num_experts must be at most 2147483647 (int32 expert ids), got {experts} (on rank 0)")):
+            ep.dispatch(x, idx, experts)
     # N * K beyond int32 (stride-0 views: no memory), refused before any reduction over the ids.
     big_x = torch.zeros(1, 4).expand(2**30 + 1, 4)
     big_idx = torch.zeros(1, 2, dtype=torch.int32).expand(2**30 + 1, 2)

@@ -346,6 +346,8 @@ def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, worl
     if x.shape[1] < 1:  # rows of no bytes: the exchanges' row views would be ambiguous
         raise ValueError(f"{op}: x must have at least one column (H >= 1), got {_describe(x)}")
     experts = check_int(op, "num_experts", num_experts, minimum=1)
+    if experts > _INT32_MAX:  # before any E-sized buffer: the ids are int32, as single-device
+        raise ValueError(f"{op}: num_experts must be at most {_INT32_MAX} (int32 expert ids), got {experts}")
     if experts % world:
         raise ValueError(f"{op}: num_experts must be divisible by the world size ({world}), got {experts}")
     capacity = None if expert_capacity is None else check_int(op, "expert_capacity", expert_capacity, minimum=1)
