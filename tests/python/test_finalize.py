@@ -3,6 +3,7 @@ docs/spec/moe_finalize_routing.md §5, the NumPy statement of the specification
 (finalize_reference.py) bit for bit for every dtype x mode x numerics x optional-input
 combination, special values, the skips, errors and their messages, empty inputs."""
 import itertools
+import re
 
 import pytest
 import torch
@@ -691,3 +692,26 @@ def test_empty_inputs():
     # Without scales or expanded_x grad_scales is an empty tensor (CANN's output has no meaning).
     gx, gs = moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), idx([1, 0]))
     assert gs.shape == (0,) and gx.tolist() == [[1.0] * 3, [1.0] * 3]
+
+
+def test_an_inference_tensor_out_outside_inference_mode_is_refused_before_writing():
+    # PyTorch allows no in-place update of an inference tensor outside inference mode; the out=
+    # kernels wrote it first and raised afterwards (and raised nothing when every argument was an
+    # inference tensor).
+    rows, index = torch.ones(4, 3), idx([0, 1, 2, 3])
+    with torch.inference_mode():
+        out = torch.full((2, 3), 7.0)
+        outs = (torch.full((4, 3), 7.0), torch.full((2, 2), 7.0))
+        inference_rows, inference_index = rows.clone(), index.clone()
+    message = "must not be an inference tensor outside torch.inference_mode()"
+    for args in ((rows, index), (inference_rows, inference_index)):
+        with pytest.raises(RuntimeError, match=rf"^moe_finalize_routing: out y {re.escape(message)}"):
+            moe_routing.moe_finalize_routing(*args, k=2, out=out)
+        assert out.eq(7.0).all()
+        with pytest.raises(RuntimeError, match=rf"^moe_finalize_routing_grad: out grad_expanded_x "
+                                               rf"{re.escape(message)}"):
+            moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), args[1], args[0], torch.ones(2, 2), out=outs)
+        assert all(o.eq(7.0).all() for o in outs)
+    with torch.inference_mode():  # inside inference mode it is written, as PyTorch's out= operators do
+        moe_routing.moe_finalize_routing(rows, index, k=2, out=out)
+    assert out.eq(2.0).all()
