@@ -694,6 +694,58 @@ def test_empty_inputs():
     assert gs.shape == (0,) and gx.tolist() == [[1.0] * 3, [1.0] * 3]
 
 
+def _raises_exactly(message, call):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call()
+
+
+def test_a_non_tensor_for_a_tensor_argument_is_a_value_error_naming_it():
+    # PyTorch's schema refused these with a RuntimeError printing the whole schema.
+    rows, index = torch.ones(4, 3), idx([0, 1, 2, 3])
+    _raises_exactly("moe_finalize_routing: expanded_x must be a tensor, got list",
+                    lambda: moe_routing.moe_finalize_routing([[1.0]], index))
+    _raises_exactly("moe_finalize_routing: scales must be a tensor or None, got list",
+                    lambda: moe_routing.moe_finalize_routing(rows, index, scales=[[1.0, 1.0], [1.0, 1.0]],
+                                                             drop_pad_mode=2))
+    _raises_exactly("moe_finalize_routing: x1 must be a tensor or None, got int",
+                    lambda: moe_routing.moe_finalize_routing(rows, index, 3, k=2))
+    _raises_exactly("moe_finalize_routing: out must be a tensor, got str",
+                    lambda: moe_routing.moe_finalize_routing(rows, index, k=2, out="y"))
+    _raises_exactly("moe_finalize_routing_grad: expanded_row_idx must be a tensor, got list",
+                    lambda: moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), [0, 1, 2, 3]))
+
+
+def test_grad_bias_of_the_wrong_type_is_named_grad_bias():
+    # The schema's refusal named the raw operator's compute_grad_bias (and called it an int).
+    _raises_exactly("moe_finalize_routing_grad: grad_bias must be a bool, got 'yes'",
+                    lambda: moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), idx([0, 1, 2, 3]),
+                                                                  grad_bias="yes"))
+
+
+def test_out_tuples_are_tuples_of_tensors():
+    # A tensor passed as the grad's out= was taken apart into its rows and written; a None
+    # grad_expanded_x was PyTorch's "tensor does not have a device".
+    rows, index, scales, g = torch.ones(4, 3), idx([0, 1, 2, 3]), torch.ones(2, 2), torch.ones(2, 3)
+    out = torch.full((2, 2, 1), 7.0)
+    _raises_exactly(r"moe_finalize_routing_grad: out must be a tuple of 2 tensors \(grad_expanded_x, grad_scales\), "
+                    r"got Tensor",
+                    lambda: moe_routing.moe_finalize_routing_grad(torch.ones(2, 1), idx([0, 1]), torch.ones(2, 1),
+                                                                  torch.ones(2, 1), out=out))
+    assert out.eq(7.0).all()
+    _raises_exactly("moe_finalize_routing_grad: out grad_expanded_x must be a tensor, got None",
+                    lambda: moe_routing.moe_finalize_routing_grad(g, index, rows, scales, out=(None, None)))
+    _raises_exactly("moe_finalize_routing_grad: out grad_scales must be a tensor or None, got float",
+                    lambda: moe_routing.moe_finalize_routing_grad(g, index, rows, scales,
+                                                                  out=(torch.empty(4, 3), 1.0)))
+    _raises_exactly(r"moe_init_routing: out must be a tuple of 5 tensors \(expanded_x, expanded_row_idx, .*\), "
+                    r"got Tensor",
+                    lambda: moe_routing.moe_init_routing(torch.ones(2, 3), idx([[0], [1]]), expert_num=2,
+                                                         out=torch.zeros(5, 2, 3)))
+    # A list is a sequence of outputs as a tuple is.
+    outs = [torch.empty(4, 3), torch.empty(2, 2)]
+    assert moe_routing.moe_finalize_routing_grad(g, index, rows, scales, out=outs) == tuple(outs)
+
+
 def test_an_inference_tensor_out_outside_inference_mode_is_refused_before_writing():
     # PyTorch allows no in-place update of an inference tensor outside inference mode; the out=
     # kernels wrote it first and raised afterwards (and raised nothing when every argument was an
