@@ -89,9 +89,28 @@ def _eager(op, *args, **kwargs):
             refused = _schema_error(op, args, kwargs)
         elif type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
             refused = NotImplementedError(func_transform_error(_name(op)))
+        elif type(error) is NotImplementedError and str(error).startswith("Could not run 'moe_routing::"):
+            refused = _layout_error(op, args, kwargs)  # the dispatcher's: no kernel for that backend
         if refused is None:
             raise
     raise refused
+
+
+def _layout_error(op, args, kwargs) -> Optional[ValueError]:
+    """The ValueError for the first tensor argument that is not a dense (strided) tensor - sparse,
+    MKL-DNN, quantized, nested - for which the dispatcher has no kernel of ours, or None."""
+    schema = _schema(op)
+    values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
+    values.update(kwargs)
+    for argument in schema.arguments:
+        t = values.get(argument.name)
+        if not isinstance(t, torch.Tensor):
+            continue
+        kind = ("nested" if t.is_nested else "quantized" if t.is_quantized
+                else None if t.layout == torch.strided else str(t.layout).replace("torch.", "").lstrip("_"))
+        if kind is not None:
+            return ValueError(f"{_name(op)}: {argument.name} must be a dense (strided) tensor, got a {kind} tensor")
+    return None
 
 
 def _refuse_forward_ad(op, args):

@@ -767,3 +767,27 @@ def test_an_inference_tensor_out_outside_inference_mode_is_refused_before_writin
     with torch.inference_mode():  # inside inference mode it is written, as PyTorch's out= operators do
         moe_routing.moe_finalize_routing(rows, index, k=2, out=out)
     assert out.eq(2.0).all()
+
+
+def test_a_tensor_that_is_not_dense_is_a_value_error_naming_it():
+    # The dispatcher refused these with its NotImplementedError ("Could not run ... with arguments
+    # from the 'SparseCPU' backend ..."), naming no argument.
+    rows, index = torch.ones(2, 3), idx([0, 1])
+    quantized = torch.quantize_per_tensor(rows, 0.1, 0, torch.qint8)
+    calls = [
+        ("expanded_x must be a dense \\(strided\\) tensor, got a sparse_coo tensor",
+         lambda: moe_routing.moe_finalize_routing(rows.to_sparse(), index, k=2)),
+        ("expanded_x must be a dense \\(strided\\) tensor, got a mkldnn tensor",
+         lambda: moe_routing.moe_finalize_routing(rows.to_mkldnn(), index, k=2)),
+        ("expanded_x must be a dense \\(strided\\) tensor, got a quantized tensor",
+         lambda: moe_routing.moe_finalize_routing(quantized, index, k=2)),
+        ("scales must be a dense \\(strided\\) tensor, got a sparse_csr tensor",
+         lambda: moe_routing.moe_finalize_routing(rows, index, scales=torch.ones(1, 2).to_sparse_csr())),
+        ("out must be a dense \\(strided\\) tensor, got a sparse_coo tensor",
+         lambda: moe_routing.moe_finalize_routing(rows, index, k=2, out=torch.ones(1, 3).to_sparse())),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^moe_finalize_routing: {message}$"):
+            call()
+    with pytest.raises(ValueError, match="^moe_finalize_routing_grad: grad_y must be a dense \\(strided\\) tensor"):
+        moe_routing.moe_finalize_routing_grad(rows.to_sparse(), index)
