@@ -104,13 +104,19 @@ def _layout_error(op, args, kwargs) -> Optional[ValueError]:
     values.update(kwargs)
     for argument in schema.arguments:
         t = values.get(argument.name)
-        if not isinstance(t, torch.Tensor):
-            continue
-        kind = ("nested" if t.is_nested else "quantized" if t.is_quantized
-                else None if t.layout == torch.strided else str(t.layout).replace("torch.", "").lstrip("_"))
+        kind = non_dense_kind(t) if isinstance(t, torch.Tensor) else None
         if kind is not None:
             return ValueError(f"{_name(op)}: {argument.name} must be a dense (strided) tensor, got a {kind} tensor")
     return None
+
+
+def non_dense_kind(t: torch.Tensor) -> Optional[str]:
+    """None for a dense (strided) tensor, else what it is: "sparse_coo", "mkldnn", "quantized", ..."""
+    if t.is_nested:
+        return "nested"
+    if t.is_quantized:
+        return "quantized"
+    return None if t.layout == torch.strided else str(t.layout).replace("torch.", "").lstrip("_")
 
 
 def _refuse_forward_ad(op, args):

@@ -15,7 +15,7 @@ from typing import Dict, Optional
 import torch
 
 from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _refuse_forward_ad, func_transform_error,
-                   moe_finalize_routing, moe_init_routing_v2)
+                   moe_finalize_routing, moe_init_routing_v2, non_dense_kind)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -50,9 +50,12 @@ def renamed_errors(function: str, call, names: Optional[Dict[str, str]] = None):
 
 
 def check_tensor(function: str, name: str, tensor, dims, dtypes, shape_text: str = "") -> None:
-    """`tensor` is a torch.Tensor with one of `dims` dimensions and one of `dtypes`."""
+    """`tensor` is a dense torch.Tensor with one of `dims` dimensions and one of `dtypes`."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
+    kind = non_dense_kind(tensor)
+    if kind is not None:
+        raise ValueError(f"{function}: {name} must be a dense (strided) tensor, got a {kind} tensor")
     if tensor.dim() not in dims:
         wanted = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{function}: {name} must be {wanted}{shape_text}, got {tensor.dim()}-D "

@@ -767,3 +767,21 @@ def test_token_unpermute_under_torch_func_transforms(numerics):
     # Inside such a transform, a call that is not differentiated runs.
     weight = torch.ones(3, 4)
     assert_bitwise_equal(f(permuted, probs), torch.func.grad(lambda w: (w * f(permuted, probs)).sum())(weight))
+
+
+def test_a_combine_input_that_is_not_dense_is_a_value_error_naming_it():
+    # Some reached PyTorch's own ops first: "reshape is not implemented for sparse tensors", the
+    # dispatcher's "Could not run 'aten::lt.Scalar' with arguments from the 'SparseCPU' backend".
+    rows, index, probs = torch.randn(4, 3), torch.tensor([1, 3, 0, 2], dtype=I32), torch.rand(2, 2)
+    calls = [
+        ("npu_moe_token_unpermute: probs", lambda: torch_npu.npu_moe_token_unpermute(rows, index, probs.to_sparse())),
+        ("npu_moe_token_unpermute: sorted_indices",
+         lambda: torch_npu.npu_moe_token_unpermute(rows, index.to_sparse(), probs)),
+        ("npu_moe_finalize_routing: expanded_permuted_rows",
+         lambda: torch_npu.npu_moe_finalize_routing(rows.to_sparse(), None, None, None, probs, index, None,
+                                                    drop_pad_mode=2)),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^{message} must be a dense \\(strided\\) tensor, got a sparse_coo "
+                                             f"tensor$"):
+            call()
