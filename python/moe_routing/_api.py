@@ -31,9 +31,9 @@ def _name(op) -> str:
 
 
 def _schema_error(op, args, kwargs) -> Optional[ValueError]:
-    """The ValueError for the first scalar argument of op(*args, **kwargs) that the schema refuses
-    (a float for an int, an int outside int64, ...), or None: PyTorch's own message for it is a
-    RuntimeError listing the whole schema, naming neither function nor argument our way."""
+    """The ValueError for the first argument of op(*args, **kwargs) that the schema refuses (a float
+    for an int, an int outside int64, a list for a tensor, ...), or None: PyTorch's own message for
+    it is a RuntimeError listing the whole schema, naming neither function nor argument our way."""
     schema = _schema(op)
     values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
     values.update(kwargs)
@@ -42,17 +42,22 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
         if argument.name not in values:
             continue
         value, kind = values[argument.name], str(argument.type)
-        if kind.startswith("Optional["):
+        optional = kind.startswith("Optional[")
+        if optional:
             if value is None:
                 continue
             kind = kind[len("Optional["):-1]
+        if kind == "Tensor" and not isinstance(value, torch.Tensor):
+            return ValueError(f"{function}: {argument.name} must be a tensor{' or None' if optional else ''}, got "
+                              f"{type(value).__name__}")
         if kind == "str" and not isinstance(value, str):
             return ValueError(f"{function}: {argument.name} must be a str, got {value!r}")
         if kind in ("int", "SymInt", "bool") and not isinstance(value, torch.dtype):  # PyTorch takes a dtype
             try:
                 operator.index(value)
             except TypeError:
-                return ValueError(f"{function}: {argument.name} must be an int, got {value!r}")
+                return ValueError(f"{function}: {argument.name} must be {'a bool' if kind == 'bool' else 'an int'}, "
+                                  f"got {value!r}")
             if kind != "bool" and not _int64(value):  # a bool takes any int: its truth
                 return ValueError(f"{function}: {argument.name} must be an int within int64, got {value!r}")
         if (kind in ("List[int]", "List[SymInt]") and isinstance(value, (list, tuple))
@@ -62,7 +67,8 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
 
 
 def _call(op, *args, **kwargs):
-    """op(*args, **kwargs) for the out= overloads (_functional does this for the functional ones):
+    """op(*args, **kwargs) for the out= overloads and for calls inside a torch.autograd.Function
+    (_functional does this for the functional ones):
     traced as it is under torch.compile, else _eager."""
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
@@ -82,14 +88,35 @@ def _eager(op, *args, **kwargs):
         if type(error) is RuntimeError and "Expected a value of type" in str(error):
             refused = _schema_error(op, args, kwargs)
         elif type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
-            refused = NotImplementedError(
-                f"{_name(op)}: torch.func's differentiating transforms (grad, vjp, jacrev, jacfwd, jvp) are not "
-                "supported, got an input they differentiate (PyTorch's autograd of custom operators cannot run "
-                "under them); differentiate with torch.autograd (backward, torch.autograd.grad); torch.func.vmap "
-                "is supported")
+            refused = NotImplementedError(func_transform_error(_name(op)))
+        elif type(error) is NotImplementedError and str(error).startswith("Could not run 'moe_routing::"):
+            refused = _layout_error(op, args, kwargs)  # the dispatcher's: no kernel for that backend
         if refused is None:
             raise
     raise refused
+
+
+def _layout_error(op, args, kwargs) -> Optional[ValueError]:
+    """The ValueError for the first tensor argument that is not a dense (strided) tensor - sparse,
+    MKL-DNN, quantized, nested - for which the dispatcher has no kernel of ours, or None."""
+    schema = _schema(op)
+    values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
+    values.update(kwargs)
+    for argument in schema.arguments:
+        t = values.get(argument.name)
+        kind = non_dense_kind(t) if isinstance(t, torch.Tensor) else None
+        if kind is not None:
+            return ValueError(f"{_name(op)}: {argument.name} must be a dense (strided) tensor, got a {kind} tensor")
+    return None
+
+
+def non_dense_kind(t: torch.Tensor) -> Optional[str]:
+    """None for a dense (strided) tensor, else what it is: "sparse_coo", "mkldnn", "quantized", ..."""
+    if t.is_nested:
+        return "nested"
+    if t.is_quantized:
+        return "quantized"
+    return None if t.layout == torch.strided else str(t.layout).replace("torch.", "").lstrip("_")
 
 
 def _refuse_forward_ad(op, args):
@@ -104,6 +131,13 @@ def _refuse_forward_ad(op, args):
             f"{_name(op)}: forward-mode AD (torch.func.jvp, jacfwd, "
             "torch.autograd.forward_ad) is not supported, got an input with a tangent; differentiate in reverse "
             "mode with torch.autograd (backward, torch.autograd.grad)")
+
+
+def func_transform_error(function: str) -> str:
+    """The refusal of torch.func's differentiating transforms by `function`."""
+    return (f"{function}: torch.func's differentiating transforms (grad, vjp, jacrev, jacfwd, jvp) are not supported, "
+            "got an input they differentiate (PyTorch's autograd of custom operators cannot run under them); "
+            "differentiate with torch.autograd (backward, torch.autograd.grad); torch.func.vmap is supported")
 
 
 def _functional(op, *args, **kwargs):
@@ -235,12 +269,11 @@ def moe_init_routing(x: torch.Tensor, expert_idx: torch.Tensor, scale: Optional[
     args = (x, expert_idx, scale, offset, topk_weight, active_num, expert_capacity, expert_num, drop_pad_mode,
             expert_tokens_num_type, expert_tokens_num_flag, quant_mode, active_expert_range, row_idx_type, x_dtype)
     if out is not None:
-        if len(out) != 5:
-            raise ValueError(f"moe_init_routing: out must be a tuple of 5 tensors, got {len(out)}")
         names = ("expanded_x", "expanded_row_idx", "expert_tokens_count_or_cumsum", "expanded_scale",
                  "expanded_topk_weight")
+        out = _out_tuple("moe_init_routing", out, names)
         _call(torch.ops.moe_routing.moe_init_routing.out, *args, numerics=numerics, **dict(zip(names, out)))
-        return tuple(out)
+        return out
     return _functional(torch.ops.moe_routing.moe_init_routing, *args, numerics=numerics)
 
 
@@ -342,22 +375,38 @@ def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tens
     Raises:
         ValueError: invalid arguments; IndexError: an index or expert id out of range.
     """
+    function = "moe_finalize_routing_grad"
     args = (grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode, active_num, expert_num,
             expert_capacity)
     if out is not None:
-        wanted = 3 if grad_bias else 2
-        if len(out) != wanted:
-            names = "grad_expanded_x, grad_scales" + (", grad_bias" if grad_bias else "")
-            raise ValueError(f"moe_finalize_routing_grad: out must be a tuple of {wanted} tensors ({names}), "
-                             f"got {len(out)}")
-        out = tuple(out)
+        names = ("grad_expanded_x", "grad_scales", "grad_bias")[:3 if grad_bias else 2]
+        out = _out_tuple(function, out, names, optional=names[1:])
         _call(torch.ops.moe_routing.moe_finalize_routing_grad.out,
             *args, numerics=numerics, grad_expanded_x=out[0], grad_scales=out[1],
             grad_bias=out[2] if grad_bias else None)
         return out
-    results = _functional(torch.ops.moe_routing.moe_finalize_routing_grad, *args, numerics=numerics,
-                          compute_grad_scales=True, compute_grad_bias=grad_bias)
+    try:
+        results = _functional(torch.ops.moe_routing.moe_finalize_routing_grad, *args, numerics=numerics,
+                              compute_grad_scales=True, compute_grad_bias=grad_bias)
+    except ValueError as error:  # the schema's refusal names the operator's argument, not ours
+        prefix = f"{function}: compute_grad_bias "
+        if not str(error).startswith(prefix):
+            raise
+        raise ValueError(f"{function}: grad_bias {str(error)[len(prefix):]}") from None
     return results if grad_bias else results[:2]
+
+
+def _out_tuple(function: str, out, names, optional=()) -> tuple:
+    """out= given as a tuple (or list) of one tensor per name, in order; those in `optional` may be
+    None (not computed). A tensor is not taken apart into its rows, nor anything else iterated."""
+    if not isinstance(out, (tuple, list)) or len(out) != len(names):
+        got = len(out) if isinstance(out, (tuple, list)) else type(out).__name__
+        raise ValueError(f"{function}: out must be a tuple of {len(names)} tensors ({', '.join(names)}), got {got}")
+    for name, t in zip(names, out):
+        if not isinstance(t, torch.Tensor) and not (t is None and name in optional):
+            raise ValueError(f"{function}: out {name} must be a tensor{' or None' if name in optional else ''}, got "
+                             f"{'None' if t is None else type(t).__name__}")
+    return tuple(out)
 
 
 def _two_ints(op: str, name: str, values) -> list:

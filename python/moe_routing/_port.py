@@ -14,7 +14,8 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import INT32_MAX, INT64_MAX, INT64_MIN, moe_finalize_routing, moe_init_routing_v2
+from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _refuse_forward_ad, func_transform_error,
+                   moe_finalize_routing, moe_init_routing_v2, non_dense_kind)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -49,9 +50,12 @@ def renamed_errors(function: str, call, names: Optional[Dict[str, str]] = None):
 
 
 def check_tensor(function: str, name: str, tensor, dims, dtypes, shape_text: str = "") -> None:
-    """`tensor` is a torch.Tensor with one of `dims` dimensions and one of `dtypes`."""
+    """`tensor` is a dense torch.Tensor with one of `dims` dimensions and one of `dtypes`."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{function}: {name} must be a tensor, got {type(tensor).__name__}")
+    kind = non_dense_kind(tensor)
+    if kind is not None:
+        raise ValueError(f"{function}: {name} must be a dense (strided) tensor, got a {kind} tensor")
     if tensor.dim() not in dims:
         wanted = " or ".join(f"{d}-D" for d in dims)
         raise ValueError(f"{function}: {name} must be {wanted}{shape_text}, got {tensor.dim()}-D "
@@ -146,16 +150,33 @@ class _SkipZeroScales(torch.autograd.Function):
     """moe_finalize_routing (drop_pad_mode 2) in which a pair whose scale is exactly 0 adds nothing,
     so an Inf/NaN row times 0 cannot poison its token (Atlas A2's MoeTokenUnpermute kernel). The
     backward differentiates the ordinary sum: such a pair still gets its scale's gradient
-    (row . grad_y), as the kernel's MoeTokenUnpermuteGrad gives it."""
+    (row . grad_y), as the kernel's MoeTokenUnpermuteGrad gives it.
+
+    Under torch.func it behaves as the operators do (the forward and setup_context are separate,
+    which torch.func requires of a Function): vmap batches it as a loop of calls would, and
+    torch.func's differentiating transforms are refused with the operator's message (renamed_errors
+    gives it the caller's name); weighted_combine refuses forward mode before it is applied."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, rows, index, scales, numerics, grad_numerics):
+    def forward(rows, index, scales, numerics, grad_numerics):
         skipped = torch.where(scales.reshape(-1) == 0, -1, index).to(torch.int32)
+        return _call(torch.ops.moe_routing.moe_finalize_routing,
+                     rows, skipped, None, None, None, scales, None, None, None, None, None, 2, None, None, None, 1,
+                     numerics=numerics, api="v2")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        rows, index, scales, _, grad_numerics = inputs
+        interpreter = None if is_compiling() else torch._C._functorch.peek_interpreter_stack()
+        if (interpreter is not None and interpreter.key() == torch._C._functorch.TransformType.Grad
+                and (rows.requires_grad or scales.requires_grad)):
+            # torch.func.grad / vjp / jacrev differentiating rows or scales: the backward's operator
+            # cannot run under them. Refused here, in the forward, as the operator is (_api._eager).
+            raise NotImplementedError(func_transform_error("moe_finalize_routing"))
         ctx.save_for_backward(rows, index, scales)
         ctx.grad_numerics = grad_numerics
-        return torch.ops.moe_routing.moe_finalize_routing(
-            rows, skipped, None, None, None, scales, None, None, None, None, None, 2, None, None, None, 1,
-            numerics=numerics, api="v2")
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -163,9 +184,9 @@ class _SkipZeroScales(torch.autograd.Function):
         want_rows, _, want_scales = ctx.needs_input_grad[:3]
         if rows.shape[0] == 0:  # no rows: nothing was read (the grad's active_num 0 would mean "all")
             return rows.new_zeros(rows.shape), None, scales.new_zeros(scales.shape), None, None
-        grad_rows, grad_scales, _ = torch.ops.moe_routing.moe_finalize_routing_grad(
-            grad_y.contiguous(), index, rows, scales, None, None, 0, rows.shape[0], 0, 0,
-            numerics=ctx.grad_numerics, compute_grad_scales=want_scales, compute_grad_bias=False)
+        grad_rows, grad_scales, _ = _call(
+            torch.ops.moe_routing.moe_finalize_routing_grad, grad_y.contiguous(), index, rows, scales, None, None, 0,
+            rows.shape[0], 0, 0, numerics=ctx.grad_numerics, compute_grad_scales=want_scales, compute_grad_bias=False)
         return (grad_rows if want_rows else None), None, (grad_scales if want_scales else None), None, None
 
 
@@ -185,6 +206,9 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
     if scales is not None and not _native_scales(rows.dtype, scales.dtype):
         rows, scales = rows.float(), scales.float()
     if skip_zero_scales and scales is not None:
+        if not is_compiling():
+            # Forward mode is refused as by the operator (a Function's own jvp would stop Dynamo).
+            _refuse_forward_ad(torch.ops.moe_routing.moe_finalize_routing, (rows, scales))
         out = _SkipZeroScales.apply(rows, index, scales, numerics, grad_numerics or numerics)
     else:
         out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)

@@ -226,3 +226,44 @@ def test_func_grad_is_refused_with_our_message(index):
         torch.func.grad(lambda t: f(t).sum())(x)
     with pytest.raises(NotImplementedError, match=f"^{name}: torch.func's differentiating transforms"):
         torch.func.vjp(f, x)
+
+
+def _one_out_call_of_each_combine_operator():
+    """(name, f): f(t) calls an out= overload with t as an input and returns the out= tensor."""
+    eri = torch.tensor([3, 0, 5, 1, 2, 4], dtype=torch.int32)
+
+    def finalize(t):
+        out = torch.empty(3, 2)
+        moe_routing.moe_finalize_routing(t.repeat(2, 1), eri, k=2, drop_pad_mode=2, out=out)
+        return out
+
+    def finalize_grad(t):
+        outs = (torch.empty(6, 2), None)
+        moe_routing.moe_finalize_routing_grad(t, eri, out=outs)
+        return outs[0]
+
+    def init_grad(t):
+        out = torch.empty(3, 2)
+        moe_routing.moe_init_routing_grad(t.repeat(2, 1), eri, 2, out=out)
+        return out
+
+    return [("moe_finalize_routing", finalize), ("moe_finalize_routing_grad", finalize_grad),
+            ("moe_init_routing_grad", init_grad)]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_forward_mode_ad_through_an_out_variant_is_refused(index):
+    # The out= overloads are not differentiable: a tangent on an argument was dropped without a
+    # word (jvp returned zeros, the out= tensor had no tangent); PyTorch's out= operators raise.
+    import torch.autograd.forward_ad as fwAD
+    name, f = _one_out_call_of_each_combine_operator()[index]
+    x = torch.arange(6.0).view(3, 2)
+    message = f"^{name}: forward-mode AD .* is not supported with out= .*, got .* with a tangent"
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(f, (x,), (torch.ones_like(x),))
+    for grad_mode in (torch.enable_grad, torch.no_grad):
+        with fwAD.dual_level(), grad_mode():
+            with pytest.raises(NotImplementedError, match=message):
+                f(fwAD.make_dual(x, torch.ones_like(x)))
+    with fwAD.dual_level():  # a dual level without tangents: the call runs
+        assert torch.equal(f(x), f(x.clone()))

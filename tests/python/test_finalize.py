@@ -3,6 +3,7 @@ docs/spec/moe_finalize_routing.md §5, the NumPy statement of the specification
 (finalize_reference.py) bit for bit for every dtype x mode x numerics x optional-input
 combination, special values, the skips, errors and their messages, empty inputs."""
 import itertools
+import re
 
 import pytest
 import torch
@@ -691,3 +692,102 @@ def test_empty_inputs():
     # Without scales or expanded_x grad_scales is an empty tensor (CANN's output has no meaning).
     gx, gs = moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), idx([1, 0]))
     assert gs.shape == (0,) and gx.tolist() == [[1.0] * 3, [1.0] * 3]
+
+
+def _raises_exactly(message, call):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call()
+
+
+def test_a_non_tensor_for_a_tensor_argument_is_a_value_error_naming_it():
+    # PyTorch's schema refused these with a RuntimeError printing the whole schema.
+    rows, index = torch.ones(4, 3), idx([0, 1, 2, 3])
+    _raises_exactly("moe_finalize_routing: expanded_x must be a tensor, got list",
+                    lambda: moe_routing.moe_finalize_routing([[1.0]], index))
+    _raises_exactly("moe_finalize_routing: scales must be a tensor or None, got list",
+                    lambda: moe_routing.moe_finalize_routing(rows, index, scales=[[1.0, 1.0], [1.0, 1.0]],
+                                                             drop_pad_mode=2))
+    _raises_exactly("moe_finalize_routing: x1 must be a tensor or None, got int",
+                    lambda: moe_routing.moe_finalize_routing(rows, index, 3, k=2))
+    _raises_exactly("moe_finalize_routing: out must be a tensor, got str",
+                    lambda: moe_routing.moe_finalize_routing(rows, index, k=2, out="y"))
+    _raises_exactly("moe_finalize_routing_grad: expanded_row_idx must be a tensor, got list",
+                    lambda: moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), [0, 1, 2, 3]))
+
+
+def test_grad_bias_of_the_wrong_type_is_named_grad_bias():
+    # The schema's refusal named the raw operator's compute_grad_bias (and called it an int).
+    _raises_exactly("moe_finalize_routing_grad: grad_bias must be a bool, got 'yes'",
+                    lambda: moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), idx([0, 1, 2, 3]),
+                                                                  grad_bias="yes"))
+
+
+def test_out_tuples_are_tuples_of_tensors():
+    # A tensor passed as the grad's out= was taken apart into its rows and written; a None
+    # grad_expanded_x was PyTorch's "tensor does not have a device".
+    rows, index, scales, g = torch.ones(4, 3), idx([0, 1, 2, 3]), torch.ones(2, 2), torch.ones(2, 3)
+    out = torch.full((2, 2, 1), 7.0)
+    _raises_exactly(r"moe_finalize_routing_grad: out must be a tuple of 2 tensors \(grad_expanded_x, grad_scales\), "
+                    r"got Tensor",
+                    lambda: moe_routing.moe_finalize_routing_grad(torch.ones(2, 1), idx([0, 1]), torch.ones(2, 1),
+                                                                  torch.ones(2, 1), out=out))
+    assert out.eq(7.0).all()
+    _raises_exactly("moe_finalize_routing_grad: out grad_expanded_x must be a tensor, got None",
+                    lambda: moe_routing.moe_finalize_routing_grad(g, index, rows, scales, out=(None, None)))
+    _raises_exactly("moe_finalize_routing_grad: out grad_scales must be a tensor or None, got float",
+                    lambda: moe_routing.moe_finalize_routing_grad(g, index, rows, scales,
+                                                                  out=(torch.empty(4, 3), 1.0)))
+    _raises_exactly(r"moe_init_routing: out must be a tuple of 5 tensors \(expanded_x, expanded_row_idx, .*\), "
+                    r"got Tensor",
+                    lambda: moe_routing.moe_init_routing(torch.ones(2, 3), idx([[0], [1]]), expert_num=2,
+                                                         out=torch.zeros(5, 2, 3)))
+    # A list is a sequence of outputs as a tuple is.
+    outs = [torch.empty(4, 3), torch.empty(2, 2)]
+    assert moe_routing.moe_finalize_routing_grad(g, index, rows, scales, out=outs) == tuple(outs)
+
+
+def test_an_inference_tensor_out_outside_inference_mode_is_refused_before_writing():
+    # PyTorch allows no in-place update of an inference tensor outside inference mode; the out=
+    # kernels wrote it first and raised afterwards (and raised nothing when every argument was an
+    # inference tensor).
+    rows, index = torch.ones(4, 3), idx([0, 1, 2, 3])
+    with torch.inference_mode():
+        out = torch.full((2, 3), 7.0)
+        outs = (torch.full((4, 3), 7.0), torch.full((2, 2), 7.0))
+        inference_rows, inference_index = rows.clone(), index.clone()
+    message = "must not be an inference tensor outside torch.inference_mode()"
+    for args in ((rows, index), (inference_rows, inference_index)):
+        with pytest.raises(RuntimeError, match=rf"^moe_finalize_routing: out y {re.escape(message)}"):
+            moe_routing.moe_finalize_routing(*args, k=2, out=out)
+        assert out.eq(7.0).all()
+        with pytest.raises(RuntimeError, match=rf"^moe_finalize_routing_grad: out grad_expanded_x "
+                                               rf"{re.escape(message)}"):
+            moe_routing.moe_finalize_routing_grad(torch.ones(2, 3), args[1], args[0], torch.ones(2, 2), out=outs)
+        assert all(o.eq(7.0).all() for o in outs)
+    with torch.inference_mode():  # inside inference mode it is written, as PyTorch's out= operators do
+        moe_routing.moe_finalize_routing(rows, index, k=2, out=out)
+    assert out.eq(2.0).all()
+
+
+def test_a_tensor_that_is_not_dense_is_a_value_error_naming_it():
+    # The dispatcher refused these with its NotImplementedError ("Could not run ... with arguments
+    # from the 'SparseCPU' backend ..."), naming no argument.
+    rows, index = torch.ones(2, 3), idx([0, 1])
+    quantized = torch.quantize_per_tensor(rows, 0.1, 0, torch.qint8)
+    calls = [
+        ("expanded_x must be a dense \\(strided\\) tensor, got a sparse_coo tensor",
+         lambda: moe_routing.moe_finalize_routing(rows.to_sparse(), index, k=2)),
+        ("expanded_x must be a dense \\(strided\\) tensor, got a mkldnn tensor",
+         lambda: moe_routing.moe_finalize_routing(rows.to_mkldnn(), index, k=2)),
+        ("expanded_x must be a dense \\(strided\\) tensor, got a quantized tensor",
+         lambda: moe_routing.moe_finalize_routing(quantized, index, k=2)),
+        ("scales must be a dense \\(strided\\) tensor, got a sparse_csr tensor",
+         lambda: moe_routing.moe_finalize_routing(rows, index, scales=torch.ones(1, 2).to_sparse_csr())),
+        ("out must be a dense \\(strided\\) tensor, got a sparse_coo tensor",
+         lambda: moe_routing.moe_finalize_routing(rows, index, k=2, out=torch.ones(1, 3).to_sparse())),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^moe_finalize_routing: {message}$"):
+            call()
+    with pytest.raises(ValueError, match="^moe_finalize_routing_grad: grad_y must be a dense \\(strided\\) tensor"):
+        moe_routing.moe_finalize_routing_grad(rows.to_sparse(), index)

@@ -468,3 +468,11 @@ def test_compile_fullgraph_bit_for_bit(drop_and_pad, backend, dynamic):
         results.append((out, permuted_probs, t.grad, p.grad))
     for eager, compiled in zip(*results):
         assert_bitwise_equal(eager, compiled)
+
+
+def test_a_sparse_input_is_a_value_error_naming_it():
+    # unpermute's sparse permuted_tokens reached moe_init_routing_v2, which named its own x.
+    routing_map = torch.tensor([[1, 0, 1], [0, 1, 0]], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"^unpermute: permuted_tokens must be a dense \(strided\) tensor, got a "
+                                         r"sparse_coo tensor$"):
+        unpermute(torch.randn(3, 3).to_sparse(), torch.tensor([0, 0, 1]), (2, 3), None, routing_map)

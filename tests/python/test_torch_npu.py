@@ -730,3 +730,58 @@ def test_compiled_ports_keep_the_token_count_symbolic():
             for eager, got in zip(*results):
                 assert_bitwise_equal(eager, got, layer.__name__)
         assert counter.frame_count == 1, layer.__name__
+
+
+@pytest.mark.parametrize("numerics", ["atlas_a2", "ascend_950"])
+def test_token_unpermute_under_torch_func_transforms(numerics):
+    # atlas_a2's zero-prob skip is an autograd.Function: under vmap, jvp and grad it raised
+    # PyTorch's "must override the setup_context staticmethod" (a method the caller never wrote),
+    # where ascend_950's path batches under vmap and names the function when it refuses.
+    import torch.autograd.forward_ad as fwAD
+    gen = torch.Generator().manual_seed(21)
+    permuted = random_values((6, 4), torch.float32, gen)
+    index = torch.randperm(6, generator=gen).to(I32)
+    probs = torch.rand(3, 2, generator=gen)
+    probs[0, 1] = 0
+
+    def f(rows, p):
+        return torch_npu.npu_moe_token_unpermute(rows, index, p, numerics=numerics)
+
+    rows_batch = torch.stack([permuted, 2 * permuted])
+    probs_batch = torch.stack([probs, probs.flip(0)])
+    assert_bitwise_equal(torch.stack([f(r, p) for r, p in zip(rows_batch, probs_batch)]),
+                         torch.func.vmap(f)(rows_batch, probs_batch))
+    assert_bitwise_equal(torch.stack([f(r, probs) for r in rows_batch]),
+                         torch.func.vmap(f, in_dims=(0, None))(rows_batch, probs))
+    message = "^npu_moe_token_unpermute: forward-mode AD .* is not supported"
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(lambda r: f(r, probs), (permuted,), (torch.ones_like(permuted),))
+    with fwAD.dual_level():
+        with pytest.raises(NotImplementedError, match=message):
+            f(permuted, fwAD.make_dual(probs, torch.ones_like(probs)))
+    refused = "^npu_moe_token_unpermute: torch.func's differentiating transforms"
+    with pytest.raises(NotImplementedError, match=refused):
+        torch.func.grad(lambda r: f(r, probs).sum())(permuted)
+    with pytest.raises(NotImplementedError, match=refused):
+        torch.func.jacrev(lambda p: f(permuted, p))(probs)
+    # Inside such a transform, a call that is not differentiated runs.
+    weight = torch.ones(3, 4)
+    assert_bitwise_equal(f(permuted, probs), torch.func.grad(lambda w: (w * f(permuted, probs)).sum())(weight))
+
+
+def test_a_combine_input_that_is_not_dense_is_a_value_error_naming_it():
+    # Some reached PyTorch's own ops first: "reshape is not implemented for sparse tensors", the
+    # dispatcher's "Could not run 'aten::lt.Scalar' with arguments from the 'SparseCPU' backend".
+    rows, index, probs = torch.randn(4, 3), torch.tensor([1, 3, 0, 2], dtype=I32), torch.rand(2, 2)
+    calls = [
+        ("npu_moe_token_unpermute: probs", lambda: torch_npu.npu_moe_token_unpermute(rows, index, probs.to_sparse())),
+        ("npu_moe_token_unpermute: sorted_indices",
+         lambda: torch_npu.npu_moe_token_unpermute(rows, index.to_sparse(), probs)),
+        ("npu_moe_finalize_routing: expanded_permuted_rows",
+         lambda: torch_npu.npu_moe_finalize_routing(rows.to_sparse(), None, None, None, probs, index, None,
+                                                    drop_pad_mode=2)),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^{message} must be a dense \\(strided\\) tensor, got a sparse_coo "
+                                             f"tensor$"):
+            call()

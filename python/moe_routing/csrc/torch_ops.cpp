@@ -12,6 +12,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
@@ -325,6 +326,12 @@ class Call {
                       device_, " (the device of the operator's first input), got ",
                       dtype_text(out->scalar_type()), " ", out->sizes(),
                       out->is_contiguous() ? "" : " (non-contiguous)", " on ", out->device());
+    // PyTorch refuses an in-place update of an inference tensor outside inference mode (its out=
+    // operators raise after writing; here nothing is written). The ADInplaceOrView kernel that
+    // would raise it is not even reached when every argument is an inference tensor.
+    TORCH_CHECK(!out->is_inference() || c10::InferenceMode::is_enabled(), op_, ": out ", name,
+                " must not be an inference tensor outside torch.inference_mode() (PyTorch allows "
+                "no in-place update of one there), got an inference tensor");
     return *out;
   }
   at::Tensor output(const char* name, const moe_routing::OutputSpec& spec,
@@ -737,11 +744,30 @@ void moe_finalize_routing_grad_out(const at::Tensor& grad_y, const at::Tensor& e
 /// Autograd kernel of the out= overloads: like PyTorch's own out= operators they are not
 /// differentiable, so with grad mode on, any argument that requires grad (an input, or an out=
 /// tensor such as a leaf parameter that would be overwritten behind autograd's back) is an error
-/// with PyTorch's message. Otherwise the call goes on to the device kernel.
+/// with PyTorch's message. An argument with a forward-mode tangent (torch.func.jvp,
+/// torch.autograd.forward_ad; in grad mode or not) is a NotImplementedError, as PyTorch's out=
+/// operators raise: without the check the tangent was dropped and jvp returned zeros. Otherwise
+/// the call goes on to the device kernel.
 void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
                            torch::jit::Stack* stack) {
+  const std::vector<c10::Argument>& arguments = op.schema().arguments();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& arg = first[static_cast<std::ptrdiff_t>(i)];
+    if (arg.isTensor() && arg.toTensor().defined() &&
+        arg.toTensor()._fw_grad(/*level=*/0).defined()) {
+      const std::string& name = op.schema().name();
+      TORCH_CHECK_NOT_IMPLEMENTED(
+          false, name.substr(name.find("::") + 2),
+          ": forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not "
+          "supported with out= (out= calls are not differentiable), got ",
+          arguments[i].name(),
+          " with a tangent; differentiate in reverse mode with torch.autograd (backward, "
+          "torch.autograd.grad), without out=");
+    }
+  }
   if (at::GradMode::is_enabled()) {
-    const size_t num_args = op.schema().arguments().size();
+    const size_t num_args = arguments.size();
     for (auto arg = stack->end() - num_args; arg != stack->end(); ++arg) {
       if (arg->isTensor() && arg->toTensor().requires_grad()) {
         const std::string& name = op.schema().name();
