@@ -255,6 +255,15 @@ TEST(Npy, RejectsMalformedFilesWithClearMessages) {
       {"unknown key",
        v1("{'descr': '<f4', 'fortran_order': False, 'shape': (6,), 'x': 'y'}", six_floats),
        "header keys must be 'descr', 'fortran_order' and 'shape', got 'x'"},
+      // Text from the file is quoted printable: no line break or terminal escape gets into the
+      // one-line message.
+      {"line break in a key",
+       v1("{'de\nscr': '<f4', 'fortran_order': False, 'shape': (6,), }", six_floats),
+       "header keys must be 'descr', 'fortran_order' and 'shape', got 'de?scr'"},
+      {"escape in descr", v1(dict("<f\x1b[31m4", "(6,)"), six_floats),
+       "'<i4' (int32), '<i8' (int64), got '<f?[31m4'"},
+      {"line break in a big-endian descr", v1(dict(">f\n4", "(6,)"), six_floats),
+       "descr must be little-endian ('<' or '|'), got '>f?4' (big-endian"},
       {"duplicate key",
        v1("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (6,)}", six_floats),
        "header key 'descr' must appear once, got it twice"},

@@ -52,16 +52,22 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
+/// Text from a file for a message: printable ASCII ('?' for any other byte, so that a file cannot
+/// put a line break or a terminal escape into the one-line message), cut after 120 characters.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (out.size() >= 120) return out + "...";
+    out += (c >= 32 && c < 127) ? c : '?';
+  }
+  return out;
+}
+
 /// Header text for messages: printable, without the padding, cut after 120 characters.
 std::string quote_header(const std::string& header) {
   size_t end = header.size();
   while (end > 0 && (header[end - 1] == ' ' || header[end - 1] == '\n')) --end;
-  std::string text;
-  for (size_t i = 0; i < end; ++i) {
-    if (text.size() >= 120) return text + "...";
-    text += (header[i] >= 32 && header[i] < 127) ? header[i] : '?';
-  }
-  return text;
+  return printable(header.substr(0, end));
 }
 
 /// The value of one header entry: a string, a boolean or a tuple of non-negative integers.
@@ -347,7 +353,7 @@ Status decode(Source& source, const std::string& name, Array* out) {
                                                         : nullptr;
     if (slot == nullptr)
       return file_error(name, "header keys must be 'descr', 'fortran_order' and 'shape', got '",
-                        key, "'");
+                        printable(key), "'");
     if (*slot != nullptr)
       return file_error(name, "header key '", key, "' must appear once, got it twice");
     *slot = &value;
@@ -371,13 +377,14 @@ Status decode(Source& source, const std::string& name, Array* out) {
         name, "fortran_order must be False (C order; save np.ascontiguousarray(a)), got True");
   const std::string& d = descr->text;
   if (!d.empty() && (d[0] == '>' || d[0] == '!'))
-    return file_error(name, "descr must be little-endian ('<' or '|'), got '", d,
+    return file_error(name, "descr must be little-endian ('<' or '|'), got '", printable(d),
                       "' (big-endian; save a.astype(a.dtype.newbyteorder('<')))");
   const DescrEntry* entry = nullptr;
   for (const DescrEntry& candidate : kDescrs)
     if (d == candidate.descr) entry = &candidate;
   if (entry == nullptr)
-    return file_error(name, "descr must be one of ", accepted_descrs(), ", got '", d, "'");
+    return file_error(name, "descr must be one of ", accepted_descrs(), ", got '", printable(d),
+                      "'");
   if (shape->numbers.size() > size_t(kMaxDims))
     return file_error(name, "shape must have at most ", kMaxDims, " dimensions, got ",
                       shape->numbers.size(), ' ', shape_text(shape->numbers));
