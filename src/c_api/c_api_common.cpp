@@ -9,6 +9,7 @@
 #include "c_api/c_api_internal.h"
 #include "core/thread_pool.h"
 #include "ops/guard.h"
+#include "ops/validation.h"
 
 namespace moe_routing::c_api {
 namespace {
@@ -163,6 +164,15 @@ Status require_non_null(const char* op, const char* name, const void* p) {
 
 TensorView view_of(const mrTensor* tensor) {
   return tensor == nullptr ? TensorView() : tensor->view;
+}
+
+Status optional_view(const char* op, const char* name, const mrTensor* tensor, TensorView* view) {
+  *view = view_of(tensor);
+  if (tensor != nullptr && detail::is_absent(*view))
+    return invalid_argument(op, name,
+                            " data must not be null for a non-empty tensor, got null for a 0-d "
+                            "tensor (one element; an absent argument is a NULL handle)");
+  return Status::ok();
 }
 
 Status require_produced_outputs(const char* op, std::initializer_list<OutputHandle> outputs) {

@@ -32,11 +32,11 @@ Status plan_finalize(const FinalizeTensors& t, FinalizeRoutingApi api, int64_t d
   MoeFinalizeRoutingInputs& in = call->in;
   in.expanded_x = t.expanded_x->view;
   in.expanded_row_idx = t.expanded_row_idx->view;
-  in.x1 = view_of(t.x1);
-  in.x2 = view_of(t.x2);
-  in.bias = view_of(t.bias);
-  in.scales = view_of(t.scales);
-  in.expert_idx = view_of(t.expert_idx);
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "x1", t.x1, &in.x1));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "x2", t.x2, &in.x2));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "bias", t.bias, &in.bias));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "scales", t.scales, &in.scales));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "expert_idx", t.expert_idx, &in.expert_idx));
   call->attrs.api = api;
   call->attrs.drop_pad_mode = drop_pad_mode;
   return infer_moe_finalize_routing(in, call->attrs, plan);
@@ -95,10 +95,10 @@ Status plan_grad(const mrTensor* grad_y, const mrTensor* expanded_row_idx,
   MoeFinalizeRoutingGradInputs& in = call->in;
   in.grad_y = grad_y->view;
   in.expanded_row_idx = expanded_row_idx->view;
-  in.expanded_x = view_of(expanded_x);
-  in.scales = view_of(scales);
-  in.expert_idx = view_of(expert_idx);
-  in.bias = view_of(bias);
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOpGrad, "expanded_x", expanded_x, &in.expanded_x));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOpGrad, "scales", scales, &in.scales));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOpGrad, "expert_idx", expert_idx, &in.expert_idx));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOpGrad, "bias", bias, &in.bias));
   call->attrs.drop_pad_mode = s.drop_pad_mode;
   call->attrs.active_num = s.active_num;
   call->attrs.expert_num = s.expert_num;
@@ -220,10 +220,18 @@ mrStatus mrMoeFinalizeRoutingV2GradGetWorkspaceSize(
     MOE_ROUTING_RETURN_IF_ERROR(
         plan_grad(gradY, expandedRowIdx, expandedXOptional, scalesOptional, expertIdxOptional,
                   biasOptional, {dropPadMode, activeNum, expertNum, expertCapacity}, &call, &plan));
-    // grad_scales and grad_bias: NULL means "not wanted", as an absent output in C++.
+    // grad_scales and grad_bias: NULL means "not wanted", as an absent output in C++. A handle
+    // the inputs can fill is wanted, even one that looks like the absent view; one they cannot
+    // (InferShape describes it as not produced, 0-d) may have null data and is ignored.
     call.out.grad_expanded_x = view_of(gradExpandedXOut);
     call.out.grad_scales = view_of(gradScalesOut);
     call.out.grad_bias = view_of(gradBiasOut);
+    if (plan.grad_scales.produced)
+      MOE_ROUTING_RETURN_IF_ERROR(
+          optional_view(kOpGrad, "grad_scales", gradScalesOut, &call.out.grad_scales));
+    if (plan.grad_bias.produced)
+      MOE_ROUTING_RETURN_IF_ERROR(
+          optional_view(kOpGrad, "grad_bias", gradBiasOut, &call.out.grad_bias));
     MOE_ROUTING_RETURN_IF_ERROR(require_produced_outputs(
         kOpGrad, {{"grad_expanded_x", gradExpandedXOut, plan.grad_expanded_x}}));
     MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_finalize_routing_grad(

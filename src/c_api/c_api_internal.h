@@ -129,6 +129,12 @@ Status require_non_null(const char* op, const char* name, const void* p);
 /// The view of a handle; a NULL handle is the absent (default-constructed) view.
 TensorView view_of(const mrTensor* tensor);
 
+/// The view of an optional argument's handle into *view; NULL is absent. A handle is always
+/// present, so one that looks like the C++ API's absent view (0-d with data NULL: one element
+/// without a buffer) is refused, "<op><name> data must not be null for a non-empty tensor, got
+/// null", instead of being taken for an absent argument.
+Status optional_view(const char* op, const char* name, const mrTensor* tensor, TensorView* view);
+
 /// An output argument of phase one: its name, handle and planned spec.
 struct OutputHandle {
   const char* name;

@@ -562,6 +562,108 @@ TEST(CApiFinalizeErrors, PhaseTwoChecksTheWorkspaceAndTheExecutor) {
   EXPECT_EQ(c_api::live_executors(), 0);
 }
 
+// A handle is present even when its tensor looks like the C++ API's absent view (0-d, data NULL):
+// that is one element without a buffer, refused, never taken for an absent argument (V2 computed
+// out without x1 instead, and the backward skipped a grad_scales it could give).
+TEST(CApiFinalizeErrors, AHandleLikeTheAbsentViewIsNotAbsent) {
+  const std::string rule =
+      " data must not be null for a non-empty tensor, got null for a 0-d tensor (one element; an "
+      "absent argument is a NULL handle)";
+  mrTensor* raw = nullptr;
+  ASSERT_EQ(mrCreateTensor(nullptr, 0, MR_FLOAT32, MR_DEVICE_CPU, nullptr, &raw), MR_SUCCESS);
+  const Handle null0d(raw);
+  FinalizeFixture f;
+  bool ok = true;
+  const Handle ex = handle_of(f.in.expanded_x, &ok), idx = handle_of(f.in.expanded_row_idx, &ok),
+               x1 = handle_of(f.in.x1, &ok), bias = handle_of(f.in.bias, &ok),
+               scales = handle_of(f.in.scales, &ok), experts = handle_of(f.in.expert_idx, &ok),
+               out = handle_of(f.out_view, &ok);
+  ASSERT_TRUE(ok);
+  const mrTensor* const z = null0d.get();
+  // The optional inputs of V2 in its order: x1, x2, bias, scales, expert_idx.
+  const char* names[] = {"x1", "x2", "bias", "scales", "expert_idx"};
+  for (int slot = 0; slot < 5; ++slot) {
+    SCOPED_TRACE(names[slot]);
+    const mrTensor* given[5] = {x1.get(), slot == 1 ? z : nullptr, bias.get(), scales.get(),
+                                experts.get()};
+    given[slot] = z;
+    uint64_t ws = 9;
+    mrExecutor* executor = reinterpret_cast<mrExecutor*>(&ws);
+    EXPECT_EQ(
+        mrMoeFinalizeRoutingV2GetWorkspaceSize(ex.get(), idx.get(), given[0], given[1], given[2],
+                                               given[3], given[4], 2, out.get(), &ws, &executor),
+        MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(mrGetLastErrorMessage()),
+              std::string("moe_finalize_routing: ") + names[slot] + rule);
+    EXPECT_EQ(ws, 0u);
+    EXPECT_EQ(executor, nullptr);
+    mrTensorDesc desc;
+    EXPECT_EQ(mrMoeFinalizeRoutingV2InferShape(ex.get(), idx.get(), given[0], given[1], given[2],
+                                               given[3], given[4], 2, &desc),
+              MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(mrGetLastErrorMessage()),
+              std::string("moe_finalize_routing: ") + names[slot] + rule);
+  }
+  uint64_t ws = 9;
+  mrExecutor* executor = nullptr;
+  EXPECT_EQ(
+      mrMoeFinalizeRoutingGetWorkspaceSize(ex.get(), z, nullptr, bias.get(), scales.get(),
+                                           idx.get(), experts.get(), out.get(), &ws, &executor),
+      MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(mrGetLastErrorMessage()), "moe_finalize_routing: x1" + rule);
+  for (uint8_t b : f.out) EXPECT_EQ(b, kFinalizePoison);
+
+  // The backward: its optional inputs (expanded_x, scales, expert_idx, bias) and outputs.
+  FinalizeGradFixture g;
+  const Handle gy = handle_of(g.in.grad_y, &ok), gidx = handle_of(g.in.expanded_row_idx, &ok),
+               gex_in = handle_of(g.in.expanded_x, &ok), gscales = handle_of(g.in.scales, &ok),
+               gexperts = handle_of(g.in.expert_idx, &ok), gbias = handle_of(g.in.bias, &ok),
+               gex = handle_of(g.out.grad_expanded_x, &ok), gs = handle_of(g.out.grad_scales, &ok),
+               gb = handle_of(g.out.grad_bias, &ok);
+  ASSERT_TRUE(ok);
+  const char* grad_names[] = {"expanded_x", "scales",      "expert_idx",
+                              "bias",       "grad_scales", "grad_bias"};
+  for (int slot = 0; slot < 6; ++slot) {
+    SCOPED_TRACE(grad_names[slot]);
+    const mrTensor* in[4] = {gex_in.get(), gscales.get(), gexperts.get(), gbias.get()};
+    mrTensor* outs[2] = {gs.get(), gb.get()};
+    if (slot < 4)
+      in[slot] = z;
+    else
+      outs[slot - 4] = null0d.get();
+    ws = 9;
+    executor = reinterpret_cast<mrExecutor*>(&ws);
+    EXPECT_EQ(mrMoeFinalizeRoutingV2GradGetWorkspaceSize(gy.get(), gidx.get(), in[0], in[1], in[2],
+                                                         in[3], 0, 0, 0, 0, gex.get(), outs[0],
+                                                         outs[1], &ws, &executor),
+              MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(mrGetLastErrorMessage()),
+              std::string("moe_finalize_routing_grad: ") + grad_names[slot] + rule);
+    EXPECT_EQ(ws, 0u);
+    EXPECT_EQ(executor, nullptr);
+    if (slot < 4) {
+      mrTensorDesc d1, d2, d3;
+      EXPECT_EQ(mrMoeFinalizeRoutingV2GradInferShape(gy.get(), gidx.get(), in[0], in[1], in[2],
+                                                     in[3], 0, 0, 0, 0, &d1, &d2, &d3),
+                MR_ERROR_INVALID_ARGUMENT);
+      EXPECT_EQ(std::string(mrGetLastErrorMessage()),
+                std::string("moe_finalize_routing_grad: ") + grad_names[slot] + rule);
+    }
+  }
+  for (uint8_t b : g.gex) EXPECT_EQ(b, kFinalizeGradPoison);
+  // An output the inputs cannot give (grad_bias without bias: InferShape describes it as not
+  // produced, 0-d) may still be such a handle, and is ignored.
+  ws = 0;
+  executor = nullptr;
+  EXPECT_EQ(mrMoeFinalizeRoutingV2GradGetWorkspaceSize(
+                gy.get(), gidx.get(), gex_in.get(), gscales.get(), nullptr, nullptr, 0, 0, 0, 0,
+                gex.get(), gs.get(), null0d.get(), &ws, &executor),
+            MR_SUCCESS)
+      << mrGetLastErrorMessage();
+  EXPECT_EQ(mrDestroyExecutor(executor), MR_SUCCESS);
+  EXPECT_EQ(c_api::live_executors(), 0);
+}
+
 TEST(CApiFinalizeErrors, MrSetNumericsKeepsACombineExecutorOnFailure) {
   FinalizeGradFixture g;
   uint64_t ws = 0;

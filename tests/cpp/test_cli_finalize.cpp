@@ -222,6 +222,18 @@ TEST(CliFinalize, ErrorsExitWith2AndWriteNothing) {
   write_or_fail(dir.file("gy.npy"), f32({2, 1}, {1, 2}));
   write_or_fail(dir.file("gy_int.npy"), i32({2, 1}, {1, 2}));
   std::ofstream(dir.file("text.npy")) << "not an array";
+  write_or_fail(dir.file("r_dropped.npy"), i32({4}, {-1, -1, -1, -1}));
+  // Empty, but its other extent makes 2^64 bytes: NumPy refuses the shape (and would refuse the
+  // [0, 2^62] out it gives). Written by hand: npy::write refuses it too.
+  {
+    std::string header =
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904), }";
+    header.append(63 - (10 + header.size()) % 64, ' ');
+    header += '\n';
+    std::ofstream(dir.file("ex_huge.npy"), std::ios::binary)
+        << std::string("\x93NUMPY\x01\x00", 8) << char(header.size() & 0xff)
+        << char(header.size() >> 8) << header;
+  }
   struct Case {
     const char* name;
     std::vector<std::string> args;  // EX, R, ... are replaced by paths below
@@ -275,6 +287,19 @@ TEST(CliFinalize, ErrorsExitWith2AndWriteNothing) {
        "moe-routing: --scales " + dir.file("text.npy") +
            ": file must start with the .npy magic string \\x93NUMPY, got not an (not an .npy "
            "file)"},
+      {"an empty input NumPy refuses",
+       {"golden", "finalize-routing", "--expanded-x", "EXHUGE", "--expanded-row-idx", "R", "--out",
+        "OUT"},
+       "moe-routing: --expanded-x " + dir.file("ex_huge.npy") +
+           ": shape must describe fewer than 2^63 bytes counting its zero extents as 1 (NumPy's "
+           "limit), got (0, 4611686018427387904)"},
+      {"grad: an empty output NumPy could not load",
+       {"golden", "finalize-routing-grad", "--grad-y", "GY", "--expanded-row-idx", "RDROPPED",
+        "--drop-pad-mode", "1", "--expert-num", "4611686018427387904", "--expert-capacity", "0",
+        "--out-dir", "OUTDIR"},
+       "moe-routing: --out-dir " + dir.file("outdir") +
+           "/grad_expanded_x.npy: shape must describe fewer than 2^63 bytes counting its zero "
+           "extents as 1 (NumPy's limit), got (4611686018427387904, 0, 1)"},
       {"grad: bad mode (library)", grad({"--drop-pad-mode", "2"}),
        "moe_finalize_routing_grad: drop_pad_mode must be 0 (dropless, row layout) or 1 (drop-pad, "
        "row layout), got 2"},
@@ -310,6 +335,8 @@ TEST(CliFinalize, ErrorsExitWith2AndWriteNothing) {
         {"GY", dir.file("gy.npy")},
         {"GYINT", dir.file("gy_int.npy")},
         {"TEXT", dir.file("text.npy")},
+        {"EXHUGE", dir.file("ex_huge.npy")},
+        {"RDROPPED", dir.file("r_dropped.npy")},
         {"OUT", dir.file("out.npy")},
         {"OUTDIR", file_in_the_way ? dir.file("file") : dir.file("outdir")}};
     std::vector<std::string> args;

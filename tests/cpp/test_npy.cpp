@@ -177,6 +177,34 @@ TEST(Npy, ReadsVersions2And3AndOtherHeaderSpellings) {
   }
 }
 
+TEST(Npy, ReadsEmptyArraysUpToNumpysSizeLimit) {
+  // NumPy's limit: the element size times the non-zero extents below 2^63, zeros or not.
+  struct Case {
+    const char* descr;
+    const char* shape;
+    DType dtype;
+    std::vector<int64_t> extents;
+  };
+  const std::vector<Case> cases = {
+      {"<f4", "(0, 2305843009213693951)", DType::float32, {0, 2305843009213693951}},
+      {"<f4", "(2305843009213693951, 0)", DType::float32, {2305843009213693951, 0}},
+      {"|i1", "(9223372036854775807, 0, 1)", DType::int8, {9223372036854775807, 0, 1}},
+  };
+  for (const Case& c : cases) {
+    npy::Array a;
+    Status s = npy::parse(npy_file(1, dict(c.descr, c.shape), 118, {}), "mem", &a);
+    ASSERT_TRUE(s.is_ok()) << c.shape << ": " << s.message();
+    EXPECT_EQ(a.dtype, c.dtype) << c.shape;
+    EXPECT_EQ(a.shape, c.extents) << c.shape;
+    EXPECT_TRUE(a.bytes.empty()) << c.shape;
+  }
+  npy::Array a;
+  Status s = npy::parse(npy_file(1, dict("<f4", "(0, 2305843009213693952)"), 118, {}), "mem", &a);
+  EXPECT_EQ(s.message(),
+            "moe-routing: mem: shape must describe fewer than 2^63 bytes counting its zero extents "
+            "as 1 (NumPy's limit), got (0, 2305843009213693952)");
+}
+
 TEST(Npy, RejectsMalformedFilesWithClearMessages) {
   const Bytes six_floats(24, 0);
   // A version 1.0 file with the header length NumPy uses for these short headers.
@@ -227,6 +255,15 @@ TEST(Npy, RejectsMalformedFilesWithClearMessages) {
       {"unknown key",
        v1("{'descr': '<f4', 'fortran_order': False, 'shape': (6,), 'x': 'y'}", six_floats),
        "header keys must be 'descr', 'fortran_order' and 'shape', got 'x'"},
+      // Text from the file is quoted printable: no line break or terminal escape gets into the
+      // one-line message.
+      {"line break in a key",
+       v1("{'de\nscr': '<f4', 'fortran_order': False, 'shape': (6,), }", six_floats),
+       "header keys must be 'descr', 'fortran_order' and 'shape', got 'de?scr'"},
+      {"escape in descr", v1(dict("<f\x1b[31m4", "(6,)"), six_floats),
+       "'<i4' (int32), '<i8' (int64), got '<f?[31m4'"},
+      {"line break in a big-endian descr", v1(dict(">f\n4", "(6,)"), six_floats),
+       "descr must be little-endian ('<' or '|'), got '>f?4' (big-endian"},
       {"duplicate key",
        v1("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (6,)}", six_floats),
        "header key 'descr' must appear once, got it twice"},
@@ -246,6 +283,11 @@ TEST(Npy, RejectsMalformedFilesWithClearMessages) {
        "shape must describe fewer than 2^63 bytes, got (4611686018427387904, 4)"},
       {"dim above 2^63", v1(dict("<f4", "(99999999999999999999,)"), six_floats),
        "a shape dimension below 2^63"},
+      // Empty, but NumPy refuses the shape (its non-zero extents make 2^64 bytes): the outputs,
+      // whose shapes follow, would be files NumPy cannot load.
+      {"huge shape after a zero", v1(dict("<f4", "(0, 4611686018427387904, 4)"), {}),
+       "shape must describe fewer than 2^63 bytes counting its zero extents as 1 (NumPy's "
+       "limit), got (0, 4611686018427387904, 4)"},
       {"truncated data", truncated,
        "data must be 24 bytes for float32 (2, 3), got 20 bytes (truncated file)"},
       {"trailing data", trailing,
@@ -321,6 +363,14 @@ TEST(Npy, EncodeRejectsWhatCannotBeWritten) {
   s = npy::encode(negative, "x.npy", &file);
   EXPECT_NE(s.message().find("shape must be non-negative, got (-1,)"), std::string::npos)
       << s.message();
+  // An empty array NumPy could not load (np.load: "array is too big").
+  npy::Array too_big;
+  too_big.dtype = DType::float32;
+  too_big.shape = {4611686018427387904, 0, 4};
+  s = npy::encode(too_big, "x.npy", &file);
+  EXPECT_EQ(s.message(),
+            "moe-routing: x.npy: shape must describe fewer than 2^63 bytes counting its zero "
+            "extents as 1 (NumPy's limit), got (4611686018427387904, 0, 4)");
   npy::Array bad_dtype;
   bad_dtype.dtype = static_cast<DType>(99);
   bad_dtype.shape = {0};

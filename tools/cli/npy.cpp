@@ -52,16 +52,22 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
+/// Text from a file for a message: printable ASCII ('?' for any other byte, so that a file cannot
+/// put a line break or a terminal escape into the one-line message), cut after 120 characters.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (out.size() >= 120) return out + "...";
+    out += (c >= 32 && c < 127) ? c : '?';
+  }
+  return out;
+}
+
 /// Header text for messages: printable, without the padding, cut after 120 characters.
 std::string quote_header(const std::string& header) {
   size_t end = header.size();
   while (end > 0 && (header[end - 1] == ' ' || header[end - 1] == '\n')) --end;
-  std::string text;
-  for (size_t i = 0; i < end; ++i) {
-    if (text.size() >= 120) return text + "...";
-    text += (header[i] >= 32 && header[i] < 127) ? header[i] : '?';
-  }
-  return text;
+  return printable(header.substr(0, end));
 }
 
 /// The value of one header entry: a string, a boolean or a tuple of non-negative integers.
@@ -188,6 +194,26 @@ class HeaderParser {
   const std::string& text_;
   size_t pos_ = 0;
 };
+
+/// NumPy's limit on a shape (np.empty and np.load refuse any other, "array is too big"): the
+/// element size times the product of the non-zero extents must be below 2^63, whether or not an
+/// extent is 0. On success *bytes is the data's size (0 when an extent is 0). The extents are
+/// non-negative.
+Status check_numpy_size(DType dtype, const std::vector<int64_t>& shape, const std::string& name,
+                        uint64_t* bytes) {
+  const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  uint64_t product = dtype_size(dtype);
+  for (int64_t extent : shape) {
+    if (extent == 0) continue;
+    if (uint64_t(extent) > uint64_t(std::numeric_limits<int64_t>::max()) / product)
+      return file_error(name, "shape must describe fewer than 2^63 bytes",
+                        empty ? " counting its zero extents as 1 (NumPy's limit)" : "", ", got ",
+                        shape_text(shape));
+    product *= uint64_t(extent);
+  }
+  *bytes = empty ? 0 : product;
+  return Status::ok();
+}
 
 uint32_t read_le(const uint8_t* p, int bytes) {
   uint32_t value = 0;
@@ -327,7 +353,7 @@ Status decode(Source& source, const std::string& name, Array* out) {
                                                         : nullptr;
     if (slot == nullptr)
       return file_error(name, "header keys must be 'descr', 'fortran_order' and 'shape', got '",
-                        key, "'");
+                        printable(key), "'");
     if (*slot != nullptr)
       return file_error(name, "header key '", key, "' must appear once, got it twice");
     *slot = &value;
@@ -351,29 +377,23 @@ Status decode(Source& source, const std::string& name, Array* out) {
         name, "fortran_order must be False (C order; save np.ascontiguousarray(a)), got True");
   const std::string& d = descr->text;
   if (!d.empty() && (d[0] == '>' || d[0] == '!'))
-    return file_error(name, "descr must be little-endian ('<' or '|'), got '", d,
+    return file_error(name, "descr must be little-endian ('<' or '|'), got '", printable(d),
                       "' (big-endian; save a.astype(a.dtype.newbyteorder('<')))");
   const DescrEntry* entry = nullptr;
   for (const DescrEntry& candidate : kDescrs)
     if (d == candidate.descr) entry = &candidate;
   if (entry == nullptr)
-    return file_error(name, "descr must be one of ", accepted_descrs(), ", got '", d, "'");
+    return file_error(name, "descr must be one of ", accepted_descrs(), ", got '", printable(d),
+                      "'");
   if (shape->numbers.size() > size_t(kMaxDims))
     return file_error(name, "shape must have at most ", kMaxDims, " dimensions, got ",
                       shape->numbers.size(), ' ', shape_text(shape->numbers));
 
-  // Bytes the data must have, with overflow checks (a corrupt header may claim anything).
-  const uint64_t element = dtype_size(entry->dtype);
-  uint64_t expected = element;
-  bool zero = false;
-  for (int64_t extent : shape->numbers) {
-    if (extent == 0) zero = true;
-    if (!zero && uint64_t(extent) > std::numeric_limits<uint64_t>::max() / 2 / expected)
-      return file_error(name, "shape must describe fewer than 2^63 bytes, got ",
-                        shape_text(shape->numbers));
-    if (!zero) expected *= uint64_t(extent);
-  }
-  if (zero) expected = 0;
+  // Bytes the data must have, with overflow checks (a corrupt header may claim anything), and
+  // only shapes NumPy itself accepts: an empty array whose other extents overflow would give
+  // outputs (their shapes follow the inputs') that NumPy cannot load.
+  uint64_t expected = 0;
+  MOE_ROUTING_RETURN_IF_ERROR(check_numpy_size(entry->dtype, shape->numbers, name, &expected));
   auto size_error = [&](uint64_t actual, const char* more) {
     return file_error(name, "data must be ", expected, " bytes for ", dtype_name(entry->dtype), ' ',
                       shape_text(shape->numbers), ", got ", actual, more,
@@ -432,6 +452,10 @@ Status encode_header(DType dtype, const std::vector<int64_t>& shape, const std::
                       shape.size());
   for (int64_t extent : shape)
     if (extent < 0) return file_error(name, "shape must be non-negative, got ", shape_text(shape));
+  // An empty output can have a shape NumPy refuses (grad_expanded_x [E, 0, H] with E near
+  // 2^62): refused here, before any file is touched, instead of written and unloadable.
+  uint64_t bytes = 0;
+  MOE_ROUTING_RETURN_IF_ERROR(check_numpy_size(dtype, shape, name, &bytes));
 
   // Byte for byte what NumPy's np.save writes: keys in sorted order, 21 - digits(shape[0]) spaces
   // of room for growing the first axis in place, then spaces and '\n' up to the next multiple of
