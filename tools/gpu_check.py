@@ -139,7 +139,7 @@ def extension_checks(out, path, copy_gbps):
         print("FAIL a bad index on CUDA raised nothing")
         failures += 1
     except IndexError as error:
-        ok = "expanded_row_idx[5] = 99 is outside [0, 6)" in str(error)
+        ok = "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 99" in str(error)
         print(("PASS" if ok else "FAIL") + f" bad index on CUDA: IndexError: {str(error).splitlines()[0]}")
         failures += not ok
     # Times through torch (the current stream; allocation by torch's caching allocator).

@@ -29,11 +29,11 @@ inline Status check_expanded_row_idx_tensor(const char* op, const TensorView& id
 inline Status finalize_row_index_error(const char* op, int64_t position, int64_t value,
                                        int64_t rows, int64_t skip_to) {
   if (skip_to > rows)
-    return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
-                              rows, ") (-1 marks a dropped pair, values in [", rows, ", ", skip_to,
-                              ") pairs cut by active_num)");
-  return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
-                            rows, ") (-1 marks a dropped pair)");
+    return index_out_of_range(op, "expanded_row_idx[", position, "] must be in [0, ", rows,
+                              ") (-1 marks a dropped pair, values in [", rows, ", ", skip_to,
+                              ") pairs cut by active_num), got ", value);
+  return index_out_of_range(op, "expanded_row_idx[", position, "] must be in [0, ", rows,
+                            ") (-1 marks a dropped pair), got ", value);
 }
 
 /// Whether an index value is valid: -1 and [rows, skip_to) skip their pair, [0, rows) is a row
@@ -54,8 +54,8 @@ inline Status check_finalize_row_indices(const char* op, const int32_t* idx, int
 /// The index_out_of_range error for expert_idx[i][t] = expert outside [0, experts).
 inline Status finalize_expert_error(const char* op, int64_t i, int64_t t, int64_t expert,
                                     int64_t experts) {
-  return index_out_of_range(op, "expert_idx[", i, "][", t, "] = ", expert, " is outside [0, ",
-                            experts, ") (the rows of bias)");
+  return index_out_of_range(op, "expert_idx[", i, "][", t, "] must be in [0, ", experts,
+                            ") (the rows of bias), got ", expert);
 }
 
 }  // namespace moe_routing::detail

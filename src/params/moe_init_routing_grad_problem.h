@@ -25,12 +25,13 @@ inline Status grad_row_index_error(const MoeInitRoutingGradPlan& plan, int64_t p
                                    int64_t value) {
   const char* op = "moe_init_routing_grad: ";
   if (value < 0)
-    return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
+    return index_out_of_range(op, "expanded_row_idx[", position, "] must be in [0, ",
                               plan.source_rows,
                               ") (-1, which marks a dropped pair, is the only negative value "
-                              "allowed)");
-  return index_out_of_range(op, "expanded_row_idx[", position, "] = ", value, " is outside [0, ",
-                            plan.source_rows, ")");
+                              "allowed), got ",
+                              value);
+  return index_out_of_range(op, "expanded_row_idx[", position, "] must be in [0, ",
+                            plan.source_rows, "), got ", value);
 }
 
 }  // namespace moe_routing::detail

@@ -73,9 +73,9 @@ inline Status v2_expert_id_error(int64_t top_k, int64_t limit, int64_t position,
   const char* op = "moe_init_routing_v2: ";
   if (limit == std::numeric_limits<int64_t>::max())
     return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k,
-                              "] = ", id, " is negative (expert ids must be >= 0)");
-  return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k, "] = ", id,
-                            " is outside [0, ", limit, ") (expert_num)");
+                              "] must be >= 0 (expert ids are never negative), got ", id);
+  return index_out_of_range(op, "expert_idx[", position / top_k, "][", position % top_k,
+                            "] must be in [0, ", limit, ") (expert_num), got ", id);
 }
 
 }  // namespace moe_routing::detail

@@ -241,9 +241,11 @@ inline std::vector<ErrorCase<FinalizeFixture>> finalize_error_cases() {
        "out must not overlap x1 (an output may share no byte with an input or another output), "
        "got 16 shared bytes"},
       {"index too large", [](F f) { f.idx[2] = 9; }, kIndex,
-       "moe_finalize_routing: expanded_row_idx[2] = 9 is outside [0, 4) (-1 marks a dropped pair)"},
+       "moe_finalize_routing: expanded_row_idx[2] must be in [0, 4) (-1 marks a dropped pair), got "
+       "9"},
       {"index -2", [](F f) { f.idx[1] = -2; }, kIndex,
-       "expanded_row_idx[1] = -2 is outside [0, 4) (-1 marks a dropped pair)"},
+       "moe_finalize_routing: expanded_row_idx[1] must be in [0, 4) (-1 marks a dropped pair), got "
+       "-2"},
       {"index beyond N*K with cut rows",
        [](F f) {
          f.in.expanded_x.shape[0] = 3;
@@ -251,18 +253,21 @@ inline std::vector<ErrorCase<FinalizeFixture>> finalize_error_cases() {
          f.in.expanded_row_idx.data = f.idx.data();
        },
        kIndex,
-       "expanded_row_idx[1] = 4 is outside [0, 3) (-1 marks a dropped pair, values in [3, 4) pairs "
-       "cut by active_num)"},
+       "moe_finalize_routing: expanded_row_idx[1] must be in [0, 3) (-1 marks a dropped pair, "
+       "values "
+       "in [3, 4) pairs cut by active_num), got 4"},
       {"drop-pad index",
        [](F f) {
          f.attrs.drop_pad_mode = 3;
          f.in.expanded_x = FinalizeFixture::f32(f.ex, {3, 1, 3});
        },
-       kIndex, "expanded_row_idx[3] = 3 is outside [0, 3) (-1 marks a dropped pair)"},
+       kIndex,
+       "moe_finalize_routing: expanded_row_idx[3] must be in [0, 3) (-1 marks a dropped pair), got "
+       "3"},
       {"expert beyond bias", [](F f) { f.experts[3] = 3; }, kIndex,
-       "moe_finalize_routing: expert_idx[1][1] = 3 is outside [0, 3) (the rows of bias)"},
+       "moe_finalize_routing: expert_idx[1][1] must be in [0, 3) (the rows of bias), got 3"},
       {"expert -1 read", [](F f) { f.experts[0] = -1; }, kIndex,
-       "expert_idx[0][0] = -1 is outside [0, 3) (the rows of bias)"},
+       "moe_finalize_routing: expert_idx[0][0] must be in [0, 3) (the rows of bias), got -1"},
       {"cuda tensors",
        [](F f) {
          for (TensorView* t : {&f.in.expanded_x, &f.in.expanded_row_idx, &f.in.x1, &f.in.x2,
@@ -420,18 +425,19 @@ inline std::vector<ErrorCase<FinalizeGradFixture>> finalize_grad_error_cases() {
        "grad_bias must not overlap grad_y (an output may share no byte with an input or another "
        "output), got 24 shared bytes"},
       {"index too large", [](F f) { f.idx[2] = 9; }, kIndex,
-       "moe_finalize_routing_grad: expanded_row_idx[2] = 9 is outside [0, 4) (-1 marks a dropped "
-       "pair)"},
+       "moe_finalize_routing_grad: expanded_row_idx[2] must be in [0, 4) (-1 marks a dropped "
+       "pair), "
+       "got 9"},
       {"index with active_num",
        [](F f) {
          f.active();
          f.idx = {3, 4, 0, 1, 0, 0, 0, 0};  // 3 is cut by active_num (skipped), 4 is not valid
        },
        kIndex,
-       "expanded_row_idx[1] = 4 is outside [0, 3) (-1 marks a dropped pair, values in [3, 4) pairs "
-       "cut by active_num)"},
+       "moe_finalize_routing_grad: expanded_row_idx[1] must be in [0, 3) (-1 marks a dropped pair, "
+       "values in [3, 4) pairs cut by active_num), got 4"},
       {"expert beyond bias", [](F f) { f.experts[2] = 3; }, kIndex,
-       "moe_finalize_routing_grad: expert_idx[1][0] = 3 is outside [0, 3) (the rows of bias)"},
+       "moe_finalize_routing_grad: expert_idx[1][0] must be in [0, 3) (the rows of bias), got 3"},
       {"workspace too small",
        [](F f) {
          f.config.workspace = f.ex.data();

@@ -294,7 +294,7 @@ TEST(CApiErrors, GradIndexOutOfRange) {
   call.set_indices({4, 0, 2, 1, 5, 99});
   const Outcome o = call.c();
   EXPECT_EQ(o.status, MR_ERROR_INDEX_OUT_OF_RANGE);
-  EXPECT_EQ(o.message, "moe_init_routing_grad: expanded_row_idx[5] = 99 is outside [0, 6)");
+  EXPECT_EQ(o.message, "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 99");
   EXPECT_TRUE(call.outputs_untouched());
   EXPECT_EQ(live_executors(), 0);  // consumed although it failed
   EXPECT_STREQ(mrGetStatusName(o.status), "index out of range");
@@ -305,7 +305,8 @@ TEST(CApiErrors, V2ExpertIdOutOfRange) {
   call.set_ids({1, 0, 2, 3, 0, 2});  // 3 >= expert_num, which the counts use
   const Outcome o = call.c();
   EXPECT_EQ(o.status, MR_ERROR_INDEX_OUT_OF_RANGE);
-  EXPECT_EQ(o.message, "moe_init_routing_v2: expert_idx[1][1] = 3 is outside [0, 3) (expert_num)");
+  EXPECT_EQ(o.message,
+            "moe_init_routing_v2: expert_idx[1][1] must be in [0, 3) (expert_num), got 3");
   EXPECT_TRUE(call.outputs_untouched());
   EXPECT_EQ(live_executors(), 0);
 }

@@ -281,8 +281,8 @@ TEST(CliFinalize, ErrorsExitWith2AndWriteNothing) {
       {"index out of range (library)",
        {"golden", "finalize-routing", "--expanded-x", "EX", "--expanded-row-idx", "R99", "--x1",
         "X1", "--scales", "S", "--drop-pad-mode", "2", "--out", "OUT"},
-       "moe_finalize_routing: expanded_row_idx[1] = 99 is outside [0, 4) (-1 marks a dropped "
-       "pair)"},
+       "moe_finalize_routing: expanded_row_idx[1] must be in [0, 4) (-1 marks a dropped pair), got "
+       "99"},
       {"not an .npy file", forward({"--scales", "TEXT"}),
        "moe-routing: --scales " + dir.file("text.npy") +
            ": file must start with the .npy magic string \\x93NUMPY, got not an (not an .npy "
@@ -311,8 +311,9 @@ TEST(CliFinalize, ErrorsExitWith2AndWriteNothing) {
       {"grad: index out of range (library)",
        {"golden", "finalize-routing-grad", "--grad-y", "GY", "--expanded-row-idx", "R99",
         "--out-dir", "OUTDIR"},
-       "moe_finalize_routing_grad: expanded_row_idx[1] = 99 is outside [0, 4) (-1 marks a dropped "
-       "pair)"},
+       "moe_finalize_routing_grad: expanded_row_idx[1] must be in [0, 4) (-1 marks a dropped "
+       "pair), "
+       "got 99"},
       {"grad: a file in the way of --out-dir", grad({}),
        frg + "--out-dir must be a directory, got '" + dir.file("file") + "', which is a file"},
       {"grad: missing --grad-y",

@@ -214,7 +214,7 @@ TEST(CliGolden, ErrorsExitWith2AndWriteNothing) {
       {"active rows (library)", with({"--top-k", "2", "--active-num", "4"}),
        "grad_expanded_x.size(0) must equal active_num (4) in the active scenario, got 6"},
       {"index out of range (library)", with({"--top-k", "2"}, "G", "R99"),
-       "moe_init_routing_grad: expanded_row_idx[5] = 99 is outside [0, 6)", true},
+       "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 99", true},
       {"int64 indices (library)", with({"--top-k", "2"}, "G", "R64"),
        "moe_init_routing_grad: expanded_row_idx must be 1-D int32, got 1-D int64 [6]", true},
       {"missing input file", with({"--top-k", "2"}, "MISSING"),

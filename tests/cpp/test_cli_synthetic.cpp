@@ -76,7 +76,7 @@ TEST(CliSynthetic, ForwardReportsTheLibrarysErrors) {
   } catch (const Error& error) {
     EXPECT_EQ(error.code(), StatusCode::index_out_of_range);
     EXPECT_STREQ(error.what(),
-                 "moe_init_routing_v2: expert_idx[1][0] = 3 is outside [0, 3) (expert_num)");
+                 "moe_init_routing_v2: expert_idx[1][0] must be in [0, 3) (expert_num), got 3");
   }
   RoutingScenario drop_pad = dropless(3);
   drop_pad.attrs.drop_pad_mode = 1;  // expert_capacity 0

@@ -243,7 +243,7 @@ TEST(CudaGrad, InvalidIndicesGiveTheCpuMessageAndWriteNothing) {
                              0, AccumulationOrder::tree);
   Status gpu;
   run_grad_cuda(c, &gpu);
-  EXPECT_EQ(gpu.message(), "moe_init_routing_grad: expanded_row_idx[5] = 99 is outside [0, 6)");
+  EXPECT_EQ(gpu.message(), "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 99");
 }
 
 TEST(CudaGrad, NanResultsAreCanonical) {

@@ -224,7 +224,7 @@ TEST(CudaHostLogic, GradIndexMessagesMatchTheCpuCheck) {
   }
   // The example, word for word.
   EXPECT_EQ(cuda::grad_index_error(plan, 5, 99).message(),
-            "moe_init_routing_grad: expanded_row_idx[5] = 99 is outside [0, 6)");
+            "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 99");
 }
 
 TEST(CudaHostLogic, V2ExpertIdMessagesMatchTheCpuCheck) {

@@ -211,7 +211,7 @@ std::vector<ErrorCase> cases() {
        D::float32,
        {3, 2},
        C::index_out_of_range,
-       "moe_init_routing_grad: expanded_row_idx[5] = 99 is outside [0, 6)"},
+       "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 99"},
       {"index -2",
        D::float32,
        {6, 2},
@@ -222,7 +222,9 @@ std::vector<ErrorCase> cases() {
        D::float32,
        {3, 2},
        C::index_out_of_range,
-       "expanded_row_idx[2] = -2 is outside [0, 6) (-1, which marks a dropped pair"},
+       "moe_init_routing_grad: expanded_row_idx[2] must be in [0, 6) (-1, which marks a dropped "
+       "pair, "
+       "is the only negative value allowed), got -2"},
       {"drop-pad index = E*C",
        D::float32,
        {2, 2, 1},
@@ -233,7 +235,7 @@ std::vector<ErrorCase> cases() {
        D::float32,
        {2, 1},
        C::index_out_of_range,
-       "expanded_row_idx[1] = 4 is outside [0, 4)"},
+       "moe_init_routing_grad: expanded_row_idx[1] must be in [0, 4), got 4"},
       {"drop-pad ignores active_num",
        D::float32,
        {2, 2, 1},
@@ -244,7 +246,7 @@ std::vector<ErrorCase> cases() {
        D::float32,
        {2, 1},
        C::index_out_of_range,
-       "expanded_row_idx[1] = 9 is outside [0, 4)"},
+       "moe_init_routing_grad: expanded_row_idx[1] must be in [0, 4), got 9"},
       {"active negative index",
        D::float32,
        {3, 1},
@@ -255,7 +257,9 @@ std::vector<ErrorCase> cases() {
        D::float32,
        {2, 1},
        C::index_out_of_range,
-       "expanded_row_idx[1] = -7 is outside [0, 3)"},
+       "moe_init_routing_grad: expanded_row_idx[1] must be in [0, 3) (-1, which marks a dropped "
+       "pair, "
+       "is the only negative value allowed), got -7"},
       {"numerics 7",
        D::float32,
        {4, 3},
@@ -288,7 +292,7 @@ std::vector<ErrorCase> cases() {
        D::float32,
        {1, 1},
        C::index_out_of_range,
-       "expanded_row_idx[0] = 0 is outside [0, 0)"},
+       "moe_init_routing_grad: expanded_row_idx[0] must be in [0, 0), got 0"},
   };
 }
 
@@ -352,11 +356,11 @@ TEST(GradErrors, UnavailableIsaIsNotSupported) {
 
 TEST(GradErrors, ThrowIfErrorCarriesTheCategory) {
   try {
-    throw_if_error(index_out_of_range("op: x[1] = 5 is outside [0, 2)"));
+    throw_if_error(index_out_of_range("op: x[1] must be in [0, 2), got 5"));
     FAIL() << "no exception";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), StatusCode::index_out_of_range);
-    EXPECT_STREQ(e.what(), "op: x[1] = 5 is outside [0, 2)");
+    EXPECT_STREQ(e.what(), "op: x[1] must be in [0, 2), got 5");
   }
 }
 

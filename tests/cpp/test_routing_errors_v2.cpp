@@ -260,7 +260,7 @@ std::vector<V2ErrorCase> v2_cases() {
        v2(0, 0, 4, 0, 1),
        {},
        C::index_out_of_range,
-       "moe_init_routing_v2: expert_idx[1][0] = 7 is outside [0, 4)"},
+       "moe_init_routing_v2: expert_idx[1][0] must be in [0, 4) (expert_num), got 7"},
       {"id equal expert_num in drop-pad",
        x32,
        idx,
@@ -268,7 +268,7 @@ std::vector<V2ErrorCase> v2_cases() {
        v2(0, 1, 4, 1, 0),
        {},
        C::index_out_of_range,
-       "expert_idx[2][0] = 4 is outside [0, 4)"},
+       "moe_init_routing_v2: expert_idx[2][0] must be in [0, 4) (expert_num), got 4"},
       {"negative id with counts",
        x32,
        idx,
@@ -276,7 +276,7 @@ std::vector<V2ErrorCase> v2_cases() {
        v2(0, 0, 4, 0, 2),
        {},
        C::index_out_of_range,
-       "expert_idx[2][1] = -1 is outside [0, 4)"},
+       "moe_init_routing_v2: expert_idx[2][1] must be in [0, 4) (expert_num), got -1"},
       {"negative id without counts",
        x32,
        idx,
@@ -284,7 +284,8 @@ std::vector<V2ErrorCase> v2_cases() {
        ok,
        {},
        C::index_out_of_range,
-       "moe_init_routing_v2: expert_idx[0][1] = -1 is negative (expert ids must be >= 0)"},
+       "moe_init_routing_v2: expert_idx[0][1] must be >= 0 (expert ids are never negative), got "
+       "-1"},
   };
 }
 

@@ -462,11 +462,13 @@ def test_rows_cut_by_active_num_are_skipped_in_dropless_modes():
     for mode in (0, 2):
         out = moe_routing.moe_finalize_routing(rows, idx([0, 1, 3, 2]), k=2, drop_pad_mode=mode)
         assert out.tolist() == ([[1.0], [2.0]] if mode == 0 else [[3.0], [0.0]]), mode
-    with pytest.raises(IndexError, match=r"moe_finalize_routing: expanded_row_idx\[1\] = 4 is outside \[0, 2\) "
-                                         r"\(-1 marks a dropped pair, values in \[2, 4\) pairs cut by active_num\)"):
+    with pytest.raises(IndexError, match=r"moe_finalize_routing: expanded_row_idx\[1\] must be in \[0, 2\) "
+                                         r"\(-1 marks a dropped pair, values in \[2, 4\) pairs cut by active_num\), "
+                                         r"got 4$"):
         moe_routing.moe_finalize_routing(rows, idx([0, 4, 2, 1]), k=2, drop_pad_mode=2)
     # Drop-pad: every value outside [0, E*C) but -1 is an error.
-    with pytest.raises(IndexError, match=r"expanded_row_idx\[2\] = 2 is outside \[0, 2\) \(-1 marks a dropped pair\)"):
+    with pytest.raises(IndexError, match=r"^moe_finalize_routing: expanded_row_idx\[2\] must be in \[0, 2\) "
+                                         r"\(-1 marks a dropped pair\), got 2$"):
         moe_routing.moe_finalize_routing(rows.view(1, 2, 1), idx([0, 1, 2, -1]), k=2, drop_pad_mode=3)
     # The grad: values in [active_num, N*K) are cut pairs.
     grad_x, grad_scales = moe_routing.moe_finalize_routing_grad(
@@ -528,10 +530,11 @@ FORWARD_ERRORS = [
     (dict(alpha1=torch.ones(1, 3)), ValueError, r"alpha1, alpha2 and v must be given together, got alpha1, no "
                                                r"alpha2 and no v"),
     (dict(expanded_row_idx=idx([0, 1, 2, 4])), IndexError,
-     r"expanded_row_idx\[3\] = 4 is outside \[0, 4\) \(-1 marks a dropped pair\)"),
-    (dict(expanded_row_idx=idx([0, -2, 2, 3])), IndexError, r"expanded_row_idx\[1\] = -2 is outside \[0, 4\)"),
+     r"expanded_row_idx\[3\] must be in \[0, 4\) \(-1 marks a dropped pair\), got 4$"),
+    (dict(expanded_row_idx=idx([0, -2, 2, 3])), IndexError, 
+     r"expanded_row_idx\[1\] must be in \[0, 4\) \(-1 marks a dropped pair\), got -2$"),
     (dict(expert_idx=idx([[0, 0], [2, 0]]), bias=torch.ones(2, 3)), IndexError,
-     r"expert_idx\[1\]\[0\] = 2 is outside \[0, 2\) \(the rows of bias\)"),
+     r"expert_idx\[1\]\[0\] must be in \[0, 2\) \(the rows of bias\), got 2$"),
     (dict(x1=torch.ones(2, 3, device="meta")), ValueError,
      r"x1 must be on cpu \(the device of the operator's first input\), got meta"),
 ]
@@ -572,9 +575,10 @@ GRAD_ERRORS = [
      r"expanded_x must be 2-D float32 \[4, 3\] \(the shape of grad_expanded_x\), got "),
     (dict(bias=torch.ones(2, 3)), ValueError, r"bias needs expert_idx \(the row of bias of each pair\), got none"),
     (dict(numerics="x"), ValueError, r'numerics must be "atlas_a2" or "ascend_950", got "x"'),
-    (dict(expanded_row_idx=idx([0, 1, 2, 9])), IndexError, r"expanded_row_idx\[3\] = 9 is outside \[0, 4\)"),
+    (dict(expanded_row_idx=idx([0, 1, 2, 9])), IndexError, 
+     r"expanded_row_idx\[3\] must be in \[0, 4\) \(-1 marks a dropped pair\), got 9$"),
     (dict(expert_idx=idx([[0, 5], [0, 0]]), bias=torch.ones(2, 3)), IndexError,
-     r"expert_idx\[0\]\[1\] = 5 is outside \[0, 2\) \(the rows of bias\)"),
+     r"expert_idx\[0\]\[1\] must be in \[0, 2\) \(the rows of bias\), got 5$"),
 ]
 
 

@@ -163,7 +163,7 @@ def test_non_contiguous_inputs():
 @pytest.mark.parametrize("call, exc, message", [
     (lambda: moe_routing.moe_init_routing_v2(torch.zeros(2, 3), torch.tensor([[0, 7]], dtype=torch.int32).repeat(2, 1),
                                              expert_num=4, expert_tokens_count_or_cumsum_flag=2),
-     IndexError, "moe_init_routing_v2: expert_idx[0][1] = 7 is outside [0, 4)"),
+     IndexError, "moe_init_routing_v2: expert_idx[0][1] must be in [0, 4) (expert_num), got 7"),
     (lambda: moe_routing.moe_init_routing_v2(torch.zeros(2, 3), torch.zeros(3, 2, dtype=torch.int32)),
      ValueError, "expert_idx.size(0) must equal x.size(0)"),
     (lambda: moe_routing.moe_init_routing_v2(torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.int32), drop_pad_mode=1,

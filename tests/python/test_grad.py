@@ -121,7 +121,7 @@ def test_kernels_loops_run_on_pytorchs_threads():
     ((torch.zeros(6, 2, dtype=torch.float64), torch.arange(6, dtype=torch.int32), 2), {}, ValueError,
      "grad_expanded_x must have a dtype among"),
     ((torch.zeros(6, 2), torch.tensor([0, 1, 2, 3, 4, 6], dtype=torch.int32), 2), {}, IndexError,
-     "moe_init_routing_grad: expanded_row_idx[5] = 6 is outside [0, 6)"),
+     "moe_init_routing_grad: expanded_row_idx[5] must be in [0, 6), got 6"),
     ((torch.zeros(6, 2), torch.arange(6, dtype=torch.int32), 2), {"order": "pairwise"}, ValueError,
      'order must be "tree" or "sequential", got "pairwise"'),
 ])

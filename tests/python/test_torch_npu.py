@@ -148,7 +148,8 @@ def test_init_routing_v1_checks():
         f(x, column_row_idx(3, 2).long(), expert_idx, 3)
     with pytest.raises(ValueError, match="npu_moe_init_routing: expert_idx must have x's 4 rows, got 3"):
         f(torch.randn(4, 2), column_row_idx(3, 2), expert_idx, 3)
-    with pytest.raises(IndexError, match=r"npu_moe_init_routing: expert_idx\[1\]\[0\] = -2 is negative"):
+    with pytest.raises(IndexError, match=r"^npu_moe_init_routing: expert_idx\[1\]\[0\] must be >= 0 "
+                                         r"\(expert ids are never negative\), got -2$"):
         f(x, column_row_idx(3, 2), torch.tensor([[1, 0], [-2, 1], [0, 2]], dtype=I32), 3)
 
 
@@ -316,7 +317,8 @@ def test_finalize_routing_argument_rules():
         f(rows, index)  # skip1 .. scales have no defaults, as in torch_npu's schema
     with pytest.raises(ValueError, match="npu_moe_finalize_routing: skip2 needs skip1"):
         f(rows, None, torch.randn(4, 3), None, None, index, None, 2)
-    with pytest.raises(IndexError, match=r"npu_moe_finalize_routing: expanded_src_to_dst_row\[1\] = 9"):
+    with pytest.raises(IndexError, match=r"^npu_moe_finalize_routing: expanded_src_to_dst_row\[1\] must be in \[0, 4\) "
+                                         r"\(-1 marks a dropped pair\), got 9$"):
         f(rows, None, None, None, None, torch.tensor([0, 9, 1, 2], dtype=I32), None, 2)
     # The operator's own name for k (top_k) was not renamed: the message named no argument of this call.
     with pytest.raises(ValueError, match=r"npu_moe_finalize_routing: k must be 1 or scales.size\(1\) \(2\) when "
@@ -687,7 +689,8 @@ def test_compiled_unpermute_refuses_int64_indices_beyond_int32():
     permuted, probs = torch.randn(4, 3), torch.rand(2, 2)
     index = torch.tensor([0, 1, 2**32 + 1, 3])
     compiled = torch.compile(torch_npu.npu_moe_token_unpermute, fullgraph=True, backend="aot_eager")
-    with pytest.raises(IndexError, match=r"expanded_row_idx\[2\] = -2147483648 is outside \[0, 4\)"):
+    with pytest.raises(IndexError, match=r"^moe_finalize_routing: expanded_row_idx\[2\] must be in \[0, 4\) "
+                                         r"\(-1 marks a dropped pair\), got -2147483648$"):
         compiled(permuted, index, probs)
 
 

@@ -182,9 +182,11 @@ def test_bad_index_writes_nothing_into_out():
     case["expanded_row_idx"][5] = 8  # == N*K: not a row, not a cut pair
     out = torch.full((4, 8), 3.0)
     assert_refused(lambda: forward(case, out=out), out, error=IndexError,
-                   match=r"moe_finalize_routing: expanded_row_idx\[5\] = 8 is outside \[0, 8\)")
+                   match=r"^moe_finalize_routing: expanded_row_idx\[5\] must be in \[0, 8\) "
+                         r"\(-1 marks a dropped pair\), got 8$")
     outs = (torch.full((8, 8), 3.0), torch.full((4, 2), 3.0))
-    with pytest.raises(IndexError, match=r"moe_finalize_routing_grad: expanded_row_idx\[5\] = 8 is outside"):
+    with pytest.raises(IndexError, match=r"^moe_finalize_routing_grad: expanded_row_idx\[5\] must be in \[0, 8\) "
+                                         r"\(-1 marks a dropped pair\), got 8$"):
         grad_call(case, out=outs)
     assert outs[0].eq(3.0).all() and outs[1].eq(3.0).all()
 
