@@ -956,8 +956,10 @@ class BenchCommand : public Command {
       std::printf("\n");
       // A 2 MiB fault is almost all zeroing: the rate at which the OS zeroes fresh pages.
       std::printf("%-58s", "zeroing by the OS (2 MiB first touch), GB/s");
+      // Three significant digits: under memory pressure (compaction) the rate falls below
+      // 0.05 GB/s, which one decimal printed as 0.0.
       for (size_t c = 0; c < counts.size(); ++c)
-        std::printf(" %17.1f", double(FirstTouchMeter::kBytes) / median(touch_huge[c]) / 1e9);
+        std::printf(" %17.3g", double(FirstTouchMeter::kBytes) / median(touch_huge[c]) / 1e9);
       std::printf("\n");
     } else {
       std::printf("%-58s %17s\n", "2 MiB pages", ("n/a: THP " + thp).c_str());
