@@ -53,9 +53,9 @@ Status plan_routing(const mrTensor* x, const mrTensor* expert_idx, const mrTenso
   MOE_ROUTING_RETURN_IF_ERROR(require_non_null(kOp, "expert_idx", expert_idx));
   call->x = x->view;
   call->expert_idx = expert_idx->view;
-  call->scale = view_of(scale);
-  call->offset = view_of(offset);
-  call->topk_weight = view_of(topk_weight);
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "scale", scale, &call->scale));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "offset", offset, &call->offset));
+  MOE_ROUTING_RETURN_IF_ERROR(optional_view(kOp, "topk_weight", topk_weight, &call->topk_weight));
   MoeInitRoutingAttrs& attrs = call->attrs;
   attrs.active_num = s.active_num;
   attrs.expert_capacity = s.expert_capacity;
@@ -132,6 +132,9 @@ mrStatus mrMoeInitRoutingV2GetWorkspaceSize(
     MOE_ROUTING_RETURN_IF_ERROR(plan_v2(x, expertIdx, activeNum, expertCapacity, expertNum,
                                         dropPadMode, expertTokensCountOrCumsumFlag,
                                         expertTokensBeforeCapacityFlag, &call, &plan));
+    // Outputs need no optional_view: no output of the dispatch is "not wanted" when absent, so
+    // validation checks a produced one's shape (a 0-d handle fails it) and ignores one not
+    // produced that has NULL data (the handle a caller builds from InferShape's description).
     call.expanded_x = view_of(expandedXOut);
     call.expanded_row_idx = view_of(expandedRowIdxOut);
     call.expert_tokens_count_or_cumsum = view_of(expertTokensCountOrCumsumOut);

@@ -285,6 +285,103 @@ TEST(CApiErrors, ActiveExpertRangeArray) {
   EXPECT_EQ(live_executors(), 0);
 }
 
+// A handle is present even when its tensor looks like the C++ API's absent view (0-d, data NULL):
+// that is one element without a buffer, refused, never taken for an absent optional input (the
+// dispatch computed without the scale, offset or topk_weight given instead, or said 'got none'
+// for a given scale). A produced output's such handle fails the output's shape check, as in the
+// C++ API; one for an output the inputs cannot give (not produced) is ignored.
+TEST(CApiErrors, AHandleLikeTheAbsentViewIsNotAbsent) {
+  const std::string rule =
+      " data must not be null for a non-empty tensor, got null for a 0-d tensor (one element; an "
+      "absent argument is a NULL handle)";
+  Arg absent_like(DType::float32, {});
+  absent_like.null_data = true;
+  // The configurations in which each optional input of moe_init_routing is used.
+  const auto per_token = [](RoutingCall&) {};
+  const auto static_quant = [](RoutingCall& c) {
+    c.quant_mode = 0;
+    c.scale = Arg(DType::float32, {1});
+    c.expanded_x = Arg(DType::int8, {6, 2});
+  };
+  const auto dynamic_quant = [](RoutingCall& c) {
+    c.quant_mode = 1;
+    c.expanded_x = Arg(DType::int8, {6, 2});
+    c.expanded_scale = Arg(DType::float32, {6});
+  };
+  const auto no_weight_output = [](RoutingCall& c) { c.expanded_topk_weight = Arg(); };
+  struct Case {
+    const char* what;
+    const char* name;
+    Arg RoutingCall::*input;
+    std::function<void(RoutingCall&)> configure;
+  };
+  const Case cases[] = {
+      {"per-token scale", "scale", &RoutingCall::scale, per_token},
+      {"static scale", "scale", &RoutingCall::scale, static_quant},
+      {"smooth scale", "scale", &RoutingCall::scale, dynamic_quant},
+      {"offset", "offset", &RoutingCall::offset, static_quant},
+      {"topk_weight", "topk_weight", &RoutingCall::topk_weight, no_weight_output},
+  };
+  for (const Case& row : cases) {
+    SCOPED_TRACE(row.what);
+    RoutingCall call;
+    row.configure(call);
+    call.*row.input = absent_like;
+    mrExecutor* executor = reinterpret_cast<mrExecutor*>(&call);  // must be reset to NULL
+    const Outcome o = call.phase_one(&executor);
+    EXPECT_EQ(o.status, MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(o.message, std::string("moe_init_routing: ") + row.name + rule);
+    EXPECT_EQ(o.workspace_size, 0u);
+    EXPECT_EQ(executor, nullptr);
+    if (o.status == MR_SUCCESS) {
+      EXPECT_EQ(mrDestroyExecutor(executor), MR_SUCCESS);
+    }
+    EXPECT_TRUE(call.outputs_untouched());
+    // Shape inference runs the same planning.
+    Handle hx = call.x.handle(), hidx = call.expert_idx.handle(), hs = call.scale.handle(),
+           ho = call.offset.handle(), hw = call.topk_weight.handle();
+    mrTensorDesc d[5];
+    EXPECT_EQ(mrMoeInitRoutingInferShape(hx.get(), hidx.get(), hs.get(), ho.get(), hw.get(),
+                                         call.active_num, call.expert_capacity, call.expert_num,
+                                         call.drop_pad_mode, call.expert_tokens_num_type,
+                                         call.expert_tokens_num_flag, call.quant_mode,
+                                         call.range.data(), call.range.size(), call.row_idx_type,
+                                         &d[0], &d[1], &d[2], &d[3], &d[4]),
+              MR_ERROR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(mrGetLastErrorMessage()),
+              std::string("moe_init_routing: ") + row.name + rule);
+  }
+
+  // Outputs: a produced one is checked for its shape, exactly as the C++ API checks the same view.
+  expect_phase_one_matches_cpp<RoutingCall>({
+      {"expanded_topk_weight", [&](RoutingCall& c) { c.expanded_topk_weight = absent_like; },
+       MR_ERROR_INVALID_ARGUMENT,
+       "moe_init_routing: expanded_topk_weight must be 2-D float32 [6, 1], got "},
+      {"counts", [&](RoutingCall& c) { c.counts = absent_like; }, MR_ERROR_INVALID_ARGUMENT,
+       "moe_init_routing: expert_tokens_count_or_cumsum must be 1-D int64 [2], got "},
+  });
+  expect_phase_one_matches_cpp<V2Call>({
+      {"counts", [&](V2Call& c) { c.counts = absent_like; }, MR_ERROR_INVALID_ARGUMENT,
+       "moe_init_routing_v2: expert_tokens_count_or_cumsum must be 1-D int32 [3], got "},
+      {"expanded_x", [&](V2Call& c) { c.expanded_x = absent_like; }, MR_ERROR_INVALID_ARGUMENT,
+       "moe_init_routing_v2: expanded_x must be 2-D float32 [6, 2], got "},
+  });
+  expect_phase_one_matches_cpp<GradCall>({
+      {"grad_x", [&](GradCall& c) { c.grad_x = absent_like; }, MR_ERROR_INVALID_ARGUMENT,
+       "moe_init_routing_grad: grad_x must be 2-D float32 [2, 2], got "},
+  });
+  // One not produced (InferShape: produced false) may be such a handle, and is ignored.
+  RoutingCall routing;
+  routing.expanded_scale = absent_like;
+  Outcome o = routing.c();
+  EXPECT_EQ(o.status, MR_SUCCESS) << o.message;
+  V2Call v2;
+  v2.before_capacity = absent_like;
+  o = v2.c();
+  EXPECT_EQ(o.status, MR_SUCCESS) << o.message;
+  EXPECT_EQ(live_executors(), 0);
+}
+
 // ------------------------------------------------------------------------------------------
 // Phase two: index values, nothing written on error.
 // ------------------------------------------------------------------------------------------
