@@ -16,6 +16,7 @@ namespace moe_routing {
 namespace {
 
 using detail::CountFormat;
+using detail::is_absent;
 using detail::RoutingProblem;
 
 constexpr const char* kOpV2 = "moe_init_routing_v2: ";
@@ -101,10 +102,8 @@ Status check_rows_fit(const char* op, const char* name, int64_t rows, int64_t hi
 }
 
 std::string describe_optional(const TensorView& t) {
-  return t.data == nullptr && t.ndim == 0 ? std::string("none") : describe(t);
+  return is_absent(t) ? std::string("none") : describe(t);
 }
-
-bool is_absent(const TensorView& t) { return t.data == nullptr && t.ndim == 0; }
 
 bool has_shape(const TensorView& t, DType dtype, std::initializer_list<int64_t> shape) {
   if (t.dtype != dtype || t.ndim != int(shape.size())) return false;
