@@ -254,6 +254,20 @@ TEST(CliDemo, RejectsImpossibleSizes) {
       << zero.err;
 }
 
+TEST(CliDemo, AsManyExpertsPerTokenAsExpertsRoutesInSeconds) {
+  // Routing drew each expert with a scan over all E of them (K * E steps per token): with
+  // --top-k = --experts = 2^20 the demo spent many minutes before its first operator.
+  TempDir dir;
+  CliOptions options;
+  options.timeout_s = 120;
+  const CliResult r = run_cli(dir,
+                              {"demo", "--tokens", "1", "--hidden", "1", "--experts", "1048576",
+                               "--top-k", "1048576", "--runs", "1"},
+                              options);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   TempDir dir;
   const std::string csv = dir.file("bench.csv");
