@@ -254,6 +254,20 @@ TEST(CliDemo, RejectsImpossibleSizes) {
       << zero.err;
 }
 
+TEST(CliDemo, AsManyExpertsPerTokenAsExpertsRoutesInSeconds) {
+  // Routing drew each expert with a scan over all E of them (K * E steps per token): with
+  // --top-k = --experts = 2^20 the demo spent many minutes before its first operator.
+  TempDir dir;
+  CliOptions options;
+  options.timeout_s = 120;
+  const CliResult r = run_cli(dir,
+                              {"demo", "--tokens", "1", "--hidden", "1", "--experts", "1048576",
+                               "--top-k", "1048576", "--runs", "1"},
+                              options);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
 TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
   TempDir dir;
   const std::string csv = dir.file("bench.csv");
@@ -401,6 +415,57 @@ TEST(CliBench, RejectsABadTokenList) {
   const CliResult r = run_cli(dir, {"bench", "--tokens", "4,x"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--tokens"), std::string::npos) << r.err;
+  // An empty item is an error wherever it is, a trailing one too (it was dropped silently).
+  for (const char* list : {"4,", ",4", "4,,5", "4,5,"}) {
+    const CliResult empty = run_cli(
+        dir, {"bench", "--op", "finalize", "--shape", "mixtral", "--runs", "1", "--tokens", list});
+    EXPECT_EQ(empty.exit_code, 2) << list;
+    EXPECT_EQ(empty.err,
+              "moe-routing: bench: --tokens must be an integer in [1, 16777216], got ''\n")
+        << list;
+    EXPECT_EQ(empty.out, "") << list;
+  }
+}
+
+TEST(CliBench, ACsvThatCannotBeWrittenFailsBeforeTheSweepAndLeavesNothing) {
+  TempDir dir;
+  const std::vector<std::string> sweep = {"bench",    "--op", "finalize", "--shape", "mixtral",
+                                          "--tokens", "2",    "--runs",   "1"};
+  auto with_csv = [&](const std::string& path) {
+    std::vector<std::string> args = sweep;
+    args.push_back("--csv");
+    args.push_back(path);
+    return args;
+  };
+  // A directory, and a file in a directory that does not exist: refused before any row is timed.
+  const std::pair<std::string, std::string> unwritable[] = {
+      {dir.path(), "Is a directory"}, {dir.file("missing/b.csv"), "No such file or directory"}};
+  for (const auto& [path, why] : unwritable) {
+    const CliResult r = run_cli(dir, with_csv(path));
+    EXPECT_EQ(r.exit_code, 2) << path;
+    EXPECT_EQ(r.err,
+              "moe-routing: --csv " + path + ": output must be writable, got '" + why + "'\n")
+        << r.err;
+    EXPECT_EQ(r.out, "") << path;
+  }
+  EXPECT_FALSE(exists(dir.file("missing")));
+  // A write the device refuses is an error (it was reported as written), and a regular file is
+  // written whole through a temporary that does not remain.
+  if (exists("/dev/full") && ::access("/dev/full", W_OK) == 0) {
+    const CliResult full = run_cli(dir, with_csv("/dev/full"));
+    EXPECT_EQ(full.exit_code, 2);
+    EXPECT_NE(full.err.find("moe-routing: --csv /dev/full: output must be writable, got 'No space "
+                            "left on device'"),
+              std::string::npos)
+        << full.err;
+    EXPECT_EQ(full.err.find("wrote"), std::string::npos) << full.err;
+  }
+  const CliResult ok = run_cli(dir, with_csv(dir.file("b.csv")));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  const std::string csv = read_text(dir.file("b.csv"));
+  EXPECT_EQ(csv.rfind("op,scenario,shape,tokens,", 0), 0u) << csv;
+  EXPECT_NE(csv.find("\nfinalize,dropless,mixtral,2,"), std::string::npos) << csv;
+  EXPECT_EQ(files_in(dir.path()), std::set<std::string>{"b.csv"});
 }
 
 }  // namespace

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <set>
 
+#include "cases/random.h"
 #include "cases/synthetic.h"
 #include "moe_routing/moe_routing.hpp"
 
@@ -107,6 +110,48 @@ TEST(CliSynthetic, RandomRoutingIsDistinctInRangeSkewedAndSeeded) {
   const Indices all = random_expert_idx(3, 5, 5, 1);
   for (int64_t i = 0; i < 3; ++i)
     EXPECT_EQ(std::set<int32_t>(all.begin() + i * 5, all.begin() + i * 5 + 5).size(), 5u);
+}
+
+/// random_expert_idx as it was first written (a linear scan per draw): the routing a seed gives
+/// must not change.
+Indices scanned_random_expert_idx(int64_t num_tokens, int64_t top_k, int64_t expert_num,
+                                  uint64_t seed) {
+  Indices expert_idx(size_t(num_tokens * top_k));
+  std::vector<uint64_t> weight(static_cast<size_t>(expert_num));
+  for (int64_t e = 0; e < expert_num; ++e)
+    weight[size_t(e)] = uint64_t(std::llround(1048576.0 / std::sqrt(double(e + 1)))) + 1;
+  std::vector<uint64_t> remaining(weight.size());
+  cases::SplitMix64 rng(seed);
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    remaining = weight;
+    uint64_t total = 0;
+    for (uint64_t w : remaining) total += w;
+    for (int64_t t = 0; t < top_k; ++t) {
+      uint64_t r = rng.below(total);
+      int64_t e = 0;
+      while (r >= remaining[size_t(e)]) r -= remaining[size_t(e++)];
+      expert_idx[size_t(i * top_k + t)] = int32_t(e);
+      total -= remaining[size_t(e)];
+      remaining[size_t(e)] = 0;
+    }
+  }
+  return expert_idx;
+}
+
+TEST(CliSynthetic, RandomRoutingIsTheLinearScansDrawForEverySeed) {
+  for (const auto& [n, k, e] : std::vector<std::array<int64_t, 3>>{{1, 1, 1},
+                                                                   {7, 1, 1},
+                                                                   {5, 3, 3},
+                                                                   {9, 4, 5},
+                                                                   {33, 8, 64},
+                                                                   {20, 2, 63},
+                                                                   {11, 7, 65},
+                                                                   {4, 100, 100},
+                                                                   {3, 30, 1000},
+                                                                   {50, 8, 256}})
+    for (uint64_t seed : {0ull, 1ull, 1234ull, 0xfedcba9876543210ull})
+      ASSERT_EQ(random_expert_idx(n, k, e, seed), scanned_random_expert_idx(n, k, e, seed))
+          << n << " tokens, top " << k << " of " << e << ", seed " << seed;
 }
 
 TEST(CliSynthetic, ProblemsHaveCannsShapesAndAreValid) {

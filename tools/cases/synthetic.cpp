@@ -13,24 +13,43 @@ std::vector<int32_t> random_expert_idx(int64_t num_tokens, int64_t top_k, int64_
   std::vector<int32_t> expert_idx(size_t(num_tokens * top_k));
   // Integer weights round(2^20 / sqrt(e + 1)) + 1: sqrt and division are correctly rounded
   // everywhere, so a seed gives the same routing on every platform. Each token draws K times
-  // without replacement: a drawn expert's weight drops to 0 for the rest of that token.
-  std::vector<uint64_t> weight(static_cast<size_t>(expert_num));
-  for (int64_t e = 0; e < expert_num; ++e)
-    weight[size_t(e)] = uint64_t(std::llround(1048576.0 / std::sqrt(double(e + 1)))) + 1;
-  std::vector<uint64_t> remaining(weight.size());
+  // without replacement: a drawn expert's weight drops to 0 for the rest of that token. The draw
+  // r in [0, remaining total) picks the first expert whose running sum of remaining weights
+  // exceeds r; a Fenwick tree over the weights finds it in O(log E) (a scan took O(E) per draw:
+  // days for K = E = 2^24) and takes the K drawn weights out and back per token.
+  const size_t count = size_t(expert_num);
+  std::vector<uint64_t> weight(count);
+  for (size_t e = 0; e < count; ++e)
+    weight[e] = uint64_t(std::llround(1048576.0 / std::sqrt(double(e + 1)))) + 1;
+  std::vector<uint64_t> tree(count + 1, 0);  // tree[i]: the weights of (i - lowbit(i), i]
+  auto add = [&tree, count](size_t e, uint64_t delta) {  // delta modulo 2^64: removal too
+    for (size_t i = e + 1; i <= count; i += i & (~i + 1)) tree[i] += delta;
+  };
+  uint64_t full_total = 0;
+  for (size_t e = 0; e < count; ++e) {
+    add(e, weight[e]);
+    full_total += weight[e];
+  }
+  size_t top_bit = 1;
+  while (top_bit * 2 <= count) top_bit *= 2;
   SplitMix64 rng(seed);
   for (int64_t i = 0; i < num_tokens; ++i) {
-    remaining = weight;
-    uint64_t total = 0;
-    for (uint64_t w : remaining) total += w;
+    int32_t* const token = expert_idx.data() + i * top_k;
+    uint64_t total = full_total;
     for (int64_t t = 0; t < top_k; ++t) {
       uint64_t r = rng.below(total);
-      int64_t e = 0;
-      while (r >= remaining[size_t(e)]) r -= remaining[size_t(e++)];
-      expert_idx[size_t(i * top_k + t)] = int32_t(e);
-      total -= remaining[size_t(e)];
-      remaining[size_t(e)] = 0;
+      // The largest prefix whose sum is <= r; the expert right after it is the one drawn.
+      size_t position = 0;
+      for (size_t step = top_bit; step > 0; step /= 2)
+        if (position + step <= count && tree[position + step] <= r) {
+          position += step;
+          r -= tree[position];
+        }
+      token[t] = int32_t(position);
+      total -= weight[position];
+      add(position, ~weight[position] + 1);  // remaining weight 0 for the rest of the token
     }
+    for (int64_t t = 0; t < top_k; ++t) add(size_t(token[t]), weight[size_t(token[t])]);
   }
   return expert_idx;
 }

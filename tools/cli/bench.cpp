@@ -32,6 +32,7 @@
 #include "commands.h"
 #include "core/memory_hints.h"
 #include "core/output_cache.h"
+#include "file_io.h"
 #include "moe_routing/moe_routing.hpp"
 
 namespace moe_routing::cli {
@@ -477,7 +478,10 @@ class BenchCommand : public Command {
                  {"automatic", "baseline", "avx2", "avx512"}, &isa_text_);
     p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1,
               1000);
-    p.add_string("--csv", "FILE", "also write the table as CSV to FILE", &csv_);
+    p.add_string("--csv", "FILE",
+                 "also write the table as CSV to FILE (checked before the sweep, replaced "
+                 "atomically after it)",
+                 &csv_);
     p.add_switch(
         "--machine",
         "only measure this machine's memory (copy, read, write; the first touch of fresh pages; 1 "
@@ -496,15 +500,16 @@ class BenchCommand : public Command {
                                "the memory; only --threads and --runs apply), got ",
                                flag));
     std::vector<int64_t> token_counts;
-    {
-      std::stringstream in(tokens_text_);
-      std::string item;
-      while (std::getline(in, item, ',')) {
-        int64_t value = 0;
-        Status s = parse_int(item, 1, int64_t(1) << 24, "bench", "--tokens", &value);
-        if (!s.is_ok()) return report_error(s);
-        token_counts.push_back(value);
-      }
+    // Every comma-separated item, an empty one too ("1,", ",1", "1,,2" are errors).
+    for (size_t begin = 0;;) {
+      const size_t comma = std::min(tokens_text_.find(',', begin), tokens_text_.size());
+      int64_t value = 0;
+      Status s = parse_int(tokens_text_.substr(begin, comma - begin), 1, int64_t(1) << 24, "bench",
+                           "--tokens", &value);
+      if (!s.is_ok()) return report_error(s);
+      token_counts.push_back(value);
+      if (comma == tokens_text_.size()) break;
+      begin = comma + 1;
     }
     const DType dtype = dtype_text_ == "fp32"   ? DType::float32
                         : dtype_text_ == "fp16" ? DType::float16
@@ -521,6 +526,11 @@ class BenchCommand : public Command {
           not_supported("moe-routing: bench: ", "--isa must be one this CPU and build run (best: ",
                         cpu_isa_name(best_cpu_isa()), "), got ", isa_text_));
     const CpuIsa isa = config.isa == CpuIsa::automatic ? best_cpu_isa() : config.isa;
+    // A --csv that can never be written fails now, not after the sweep.
+    if (!csv_.empty()) {
+      Status s = file_io::check_writable(csv_, file_io::label("--csv", csv_));
+      if (!s.is_ok()) return report_error(s);
+    }
 
     BandwidthMeter meter(threads);
     const bool can_measure_memory = reset_peak_rss();
@@ -852,7 +862,7 @@ class BenchCommand : public Command {
       std::printf("verify: %zu of %zu rows bitwise equal to the reference backend\n",
                   rows.size() - size_t(failed), rows.size());
     if (!csv_.empty()) {
-      std::ofstream out(csv_);
+      std::ostringstream out;
       out << "op,scenario,shape,tokens,hidden,experts,top_k,dtype,threads,ms,bytes,gbps,copy_gbps,"
              "fraction_of_copy,"
              "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_"
@@ -868,9 +878,12 @@ class BenchCommand : public Command {
             << r.extra_memory << ',' << r.fresh_ms << ',' << r.fresh_ratio << ','
             << r.fresh_small_pages_ms << ',' << r.fresh_small_pages_ratio << ',' << r.ceiling
             << '\n';
-      if (!out)
-        return report_error(
-            runtime_error("moe-routing: bench: --csv ", csv_, " could not be written"));
+      // All or nothing, as the golden commands' outputs (file_io::write_all): a failed write
+      // leaves no partial CSV and keeps a previous file.
+      const std::string text = out.str();
+      Status s =
+          file_io::write_all({{csv_, file_io::label("--csv", csv_), {{text.data(), text.size()}}}});
+      if (!s.is_ok()) return report_error(s);
       std::fprintf(stderr, "[bench] wrote %s\n", csv_.c_str());
     }
     return failed > 0 ? kExitVerificationFailed : kExitOk;

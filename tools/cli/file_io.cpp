@@ -346,6 +346,13 @@ Status InputFile::read(void* out, size_t count, size_t* got) {
   return Status::ok();
 }
 
+Status check_writable(const std::string& path, const std::string& label) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return write_error(label, EISDIR);
+  if (::access(directory_of(path).c_str(), W_OK | X_OK) != 0) return write_error(label, errno);
+  return Status::ok();
+}
+
 Status write_all(const std::vector<OutputFile>& files) {
   DirectoryLocks locks(files);
   std::vector<Destination> destinations(files.size());

@@ -79,6 +79,12 @@ struct OutputFile {
   std::vector<Piece> pieces;
 };
 
+/// Whether write_all() could write `path` as far as can be told before anything is written: not
+/// a directory, and its directory exists and is writable. For commands that compute for long
+/// before they write (bench --csv): a path that can never be written is an error at once, in
+/// write_all()'s words, instead of after the run.
+Status check_writable(const std::string& path, const std::string& label);
+
 /// Writes `files` as one set: all of them appear, or none of the files previously at their paths
 /// changes. Per path:
 /// - absent or a regular file: the contents go to a uniquely named temporary beside it
