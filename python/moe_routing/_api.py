@@ -30,13 +30,19 @@ def _name(op) -> str:
     return _schema(op).name.split("::")[-1]
 
 
+def _bound_arguments(op, args, kwargs):
+    """op's schema, and the values of op(*args, **kwargs) by argument name."""
+    schema = _schema(op)
+    values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
+    values.update(kwargs)
+    return schema, values
+
+
 def _schema_error(op, args, kwargs) -> Optional[ValueError]:
     """The ValueError for the first argument of op(*args, **kwargs) that the schema refuses (a float
     for an int, an int outside int64, a list for a tensor, ...), or None: PyTorch's own message for
     it is a RuntimeError listing the whole schema, naming neither function nor argument our way."""
-    schema = _schema(op)
-    values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
-    values.update(kwargs)
+    schema, values = _bound_arguments(op, args, kwargs)
     function = _name(op)
     for argument in schema.arguments:
         if argument.name not in values:
@@ -99,9 +105,7 @@ def _eager(op, *args, **kwargs):
 def _layout_error(op, args, kwargs) -> Optional[ValueError]:
     """The ValueError for the first tensor argument that is not a dense (strided) tensor - sparse,
     MKL-DNN, quantized, nested - for which the dispatcher has no kernel of ours, or None."""
-    schema = _schema(op)
-    values = dict(zip((a.name for a in schema.arguments if not a.kwarg_only), args))
-    values.update(kwargs)
+    schema, values = _bound_arguments(op, args, kwargs)
     for argument in schema.arguments:
         t = values.get(argument.name)
         kind = non_dense_kind(t) if isinstance(t, torch.Tensor) else None
