@@ -64,10 +64,12 @@ struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
   /// out[j] = narrow(gy[j] * scale) for j < n (n <= 512; out 32-byte aligned where Stream), and
   /// the 512-lane product tree of columns [0, n): a row of grad_expanded_x with one pair and its
   /// atlas_a2 group, in one pass over the columns (grad_y read once). grad_y's lines are
-  /// requested kFinalizePrefetchBytes ahead while that stays below column prefetch_left.
+  /// requested kFinalizePrefetchBytes ahead while that stays below column prefetch_left, and
+  /// next_x's (the next row's expanded_x, or null) at the same columns into L2.
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
-                                   typename Tag::storage* out, int64_t n, int64_t prefetch_left) {
+                                   typename Tag::storage* out, int64_t n, int64_t prefetch_left,
+                                   const typename Tag::storage* next_x) {
     using S = typename Tag::storage;
     const S *x = pr.x, *bias = pr.bias, *gy = pr.gy;
     const V s = broadcast(scale);
@@ -83,11 +85,13 @@ struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
       // Two vectors per step (a cache line of 16-bit grad_y), its lines requested ahead.
       constexpr int64_t kAhead = kFinalizePrefetchBytes / int64_t(sizeof(S));
       for (; (k + 2) * W <= n; k += 2) {
+        if (next_x != nullptr)
+          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(next_x + k * W) + b, 0,
+                               kFinalizeNextRowHint);
         if (k * W + kAhead < prefetch_left)
-          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64) {
+          for (int64_t b = 0; b < 2 * W * int64_t(sizeof(S)); b += 64)
             __builtin_prefetch(reinterpret_cast<const char*>(gy + k * W + kAhead) + b, 0, 3);
-            __builtin_prefetch(reinterpret_cast<const char*>(x + k * W + kAhead) + b, 0, 3);
-          }
         column_vector(k);
         column_vector(k + 1);
       }

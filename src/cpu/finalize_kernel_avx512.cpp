@@ -85,10 +85,12 @@ struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
   /// out[j] = narrow(gy[j] * scale) for j < n (n <= 512; out kStreamAlign-aligned where Stream),
   /// and the 512-lane product tree of columns [0, n), in one pass over the columns (grad_y read
   /// once), as FinalizeAvx2Ops does. grad_y's lines are requested kFinalizePrefetchBytes ahead
-  /// while that stays below column prefetch_left.
+  /// while that stays below column prefetch_left, and next_x's (the next row's expanded_x, or
+  /// null) at the same columns into L2.
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
-                                   typename Tag::storage* out, int64_t n, int64_t prefetch_left) {
+                                   typename Tag::storage* out, int64_t n, int64_t prefetch_left,
+                                   const typename Tag::storage* next_x) {
     using S = typename Tag::storage;
     const S *x = pr.x, *bias = pr.bias, *gy = pr.gy;
     const V s = broadcast(scale);
@@ -99,11 +101,13 @@ struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
       constexpr int64_t kAhead = kFinalizePrefetchBytes / int64_t(sizeof(S));
       // One vector per step: a cache line of 16-bit grad_y, two of float32.
       for (; j + W <= n; j += W) {
+        if (next_x != nullptr)
+          for (int64_t b = 0; b < W * int64_t(sizeof(S)); b += 64)
+            __builtin_prefetch(reinterpret_cast<const char*>(next_x + j) + b, 0,
+                               kFinalizeNextRowHint);
         if (j + kAhead < prefetch_left)
-          for (int64_t b = 0; b < W * int64_t(sizeof(S)); b += 64) {
+          for (int64_t b = 0; b < W * int64_t(sizeof(S)); b += 64)
             __builtin_prefetch(reinterpret_cast<const char*>(gy + j + kAhead) + b, 0, 3);
-            __builtin_prefetch(reinterpret_cast<const char*>(x + j + kAhead) + b, 0, 3);
-          }
         const V g = load<Tag>(gy + j);
         store<Tag, Stream>(out + j, mul(g, s));
         split(product_pairs<Tag>(x, kBias ? bias : nullptr, g, j), pairs + j / kTreeColumns);

@@ -98,7 +98,8 @@ struct FinalizeScalarOps : ScalarOps {
   /// (the vector Ops do both in one pass).
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& products, float scale,
-                                   typename Tag::storage* out, int64_t n, int64_t) {
+                                   typename Tag::storage* out, int64_t n, int64_t,
+                                   const typename Tag::storage*) {
     for (int64_t j = 0; j < n; ++j) store<Tag>(out + j, Tag::widen(products.gy + j) * scale);
     return product_tree<Tag>(products, n, detail::kGradScalesGroup, 0, 0);
   }
@@ -176,6 +177,14 @@ inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, bool last
 /// grad_y rows, one stream each, are requested kFinalizePrefetchBytes ahead.
 constexpr int kFinalizePrefetchLines = 4;
 constexpr int64_t kFinalizePrefetchBytes = 1024;
+/// The grad's rows named by one pair request, column step by column step, the line of the
+/// expanded_x row visited next at the same column into the L2 cache (prefetcht1): a whole row
+/// ahead, so a row's expanded_x lines come from L2 (its first 1 KiB from L1, requested at row
+/// start). This replaced requesting expanded_x's own lines 1 KiB ahead into L1 inside the row;
+/// grad_y's still are. Measured on an Intel VM (bf16, K = 8, two threads, 1024-4096 tokens,
+/// alternating rounds of `moe-routing bench`): 0-9 % less time at H = 2048-7168; the next row
+/// into L1 instead, or the row after next, or without the row-start requests, gained nothing.
+constexpr int kFinalizeNextRowHint = 2;
 
 /// One non-skipped pair of a row, as its columns need it.
 template <class S>
@@ -524,21 +533,25 @@ float reduce_atlas_a2(const FinalizeRoutingGradProblem& p, Products<typename Tag
 
 /// A row of grad_expanded_x named by one pair (grad_y row `pr.gy` times `scale`) and the pair's
 /// grad_scales in the atlas_a2 order, in one pass over the columns (with `stream`, out
-/// Ops::kStreamAlign-aligned; with `prefetch`, grad_y's lines requested ahead inside the row).
+/// Ops::kStreamAlign-aligned; with `prefetch`, grad_y's lines requested ahead inside the row;
+/// `next_x`, the expanded_x row visited next or null, requested into L2 as the columns go: see
+/// kFinalizeNextRowHint).
 /// A group streams where its first column is on a boundary too: a chunk need not end on one
 /// (12264 float32 products are 49056 bytes, an odd multiple of 32), and the groups after such a
 /// chunk go through the cache.
 template <class Ops, class Tag>
 float scaled_row_and_atlas_a2(const FinalizeRoutingGradProblem& p,
                               Products<typename Tag::storage> pr, float scale,
-                              typename Tag::storage* out, bool stream, bool prefetch) {
+                              typename Tag::storage* out, bool stream, bool prefetch,
+                              const typename Tag::storage* next_x) {
   return atlas_a2_order(p, [&](int64_t g0, int64_t n) {
     const int64_t prefetch_left = prefetch ? p.hidden - g0 : 0;
+    const typename Tag::storage* next = next_x != nullptr ? next_x + g0 : nullptr;
     if (stream && stream_aligned<Ops>(out + g0))
       return Ops::template scaled_row_and_tree<Tag, true>(pr.at(g0), scale, out + g0, n,
-                                                          prefetch_left);
+                                                          prefetch_left, next);
     return Ops::template scaled_row_and_tree<Tag, false>(pr.at(g0), scale, out + g0, n,
-                                                         prefetch_left);
+                                                         prefetch_left, next);
   });
 }
 
@@ -634,8 +647,11 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
         (!args.stream_output || stream_aligned<Ops>(out))) {
       const int64_t q = pairs[0];
       const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
-      const float sum = scaled_row_and_atlas_a2<Ops, Tag>(p, products(q), scale, out,
-                                                          args.stream_output, args.prefetch);
+      const S* next_x = args.prefetch && x != nullptr && i + 1 < row_end
+                            ? static_cast<const S*>(p.expanded_x) + args.row_order[i + 1] * H
+                            : nullptr;
+      const float sum = scaled_row_and_atlas_a2<Ops, Tag>(
+          p, products(q), scale, out, args.stream_output, args.prefetch, next_x);
       store_scale(p.grad_scales, p.scales_dtype, q, sum);
       continue;
     }
