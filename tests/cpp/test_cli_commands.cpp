@@ -427,6 +427,26 @@ TEST(CliBench, RejectsABadTokenList) {
   }
 }
 
+TEST(CliBench, ASweepWhoseLargestRowCannotFitIsRefusedBeforeAnyRow) {
+  // 2^24 tokens of DeepSeek-V3's backward hold terabytes: refused with the sizes, before the
+  // bandwidth meter or any row allocates (it used to allocate until it failed or was killed).
+  TempDir dir;
+  const CliResult r =
+      run_cli(dir, {"bench", "--op", "finalize-grad", "--shape", "deepseek-v3", "--tokens",
+                    "16,16777216", "--runs", "1", "--csv", dir.file("b.csv")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err.rfind("moe-routing: bench: the arrays of its largest row (--shape deepseek-v3 "
+                        "--tokens 16777216) and the bandwidth meter's (",
+                        0),
+            0u)
+      << r.err;
+  EXPECT_NE(r.err.find(" GiB)) must fit in the memory available, got "), std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("[bench"), std::string::npos) << r.err;  // no row was started
+  EXPECT_EQ(r.out, "");
+  EXPECT_TRUE(files_in(dir.path()).empty());
+}
+
 TEST(CliBench, ACsvThatCannotBeWrittenFailsBeforeTheSweepAndLeavesNothing) {
   TempDir dir;
   const std::vector<std::string> sweep = {"bench",    "--op", "finalize", "--shape", "mixtral",

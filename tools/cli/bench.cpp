@@ -65,6 +65,31 @@ double median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+/// The operators a sweep times (--op).
+struct SweepOps {
+  bool grad, forward, finalize, finalize_grad;
+};
+
+/// The most memory one row of a sweep holds at once, in bytes (an upper bound): its inputs, its
+/// outputs, the outputs of the call into fresh outputs and, with --verify, a copy of the outputs;
+/// the largest over the chosen operators. A drop-pad layout has E * ceil(N*K/E) <= N*K + E rows.
+double largest_row_bytes(const ModelShape& shape, int64_t n, double element, const SweepOps& ops,
+                         bool verify) {
+  const double H = double(shape.hidden), K = double(shape.top_k), N = double(n);
+  const double R = N * K, padded = R + double(shape.experts), ints = 4.0 * R;
+  const double copies = verify ? 3.0 : 2.0;  // the outputs written at once
+  double most = 0.0;
+  auto row = [&](double inputs, double outputs) {
+    most = std::max(most, inputs + copies * outputs);
+  };
+  if (ops.grad) row(padded * H * element + ints, N * H * element);
+  if (ops.forward) row(N * H * element + ints, padded * H * element + 2.0 * ints);
+  if (ops.finalize) row(R * H * element + 2.0 * ints, N * H * element);
+  if (ops.finalize_grad)
+    row(R * H * element + N * H * element + 2.0 * ints, R * H * element + ints);
+  return most;
+}
+
 /// A "Name:  N kB" field of /proc/self/status in bytes (0 where there is none, e.g. not Linux).
 int64_t proc_status_bytes(const char* field) {
   std::ifstream status("/proc/self/status");
@@ -532,9 +557,6 @@ class BenchCommand : public Command {
       if (!s.is_ok()) return report_error(s);
     }
 
-    BandwidthMeter meter(threads);
-    const bool can_measure_memory = reset_peak_rss();
-
     std::vector<ModelShape> shapes;
     for (const ModelShape& s : kModelShapes)
       if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
@@ -542,6 +564,29 @@ class BenchCommand : public Command {
     const bool do_forward = op_ == "all" || op_ == "init-routing";
     const bool do_finalize = op_ == "all" || op_ == "finalize";
     const bool do_finalize_grad = op_ == "all" || op_ == "finalize-grad";
+    // A sweep whose largest row cannot fit is refused before anything is allocated (past the
+    // memory there is, the OS kills the process without a word, or the allocation throws).
+    {
+      const SweepOps ops{do_grad, do_forward, do_finalize, do_finalize_grad};
+      double most = 0.0;
+      const ModelShape* largest = nullptr;
+      int64_t largest_n = 0;
+      for (const ModelShape& shape : shapes)
+        for (int64_t n : token_counts) {
+          const double bytes = largest_row_bytes(shape, n, double(dtype_size(dtype)), ops, verify_);
+          if (largest == nullptr || bytes > most) most = bytes, largest = &shape, largest_n = n;
+        }
+      most += 2.0 * double(BandwidthMeter::kBytes);
+      Status s = file_io::check_memory(
+          uint64_t(most), "bench",  // at most 2^24 tokens: some TB, far below 2^64
+          std::string("the arrays of its largest row (--shape ") + largest->name + " --tokens " +
+              std::to_string(largest_n) + ") and the bandwidth meter's");
+      if (!s.is_ok()) return report_error(s);
+    }
+
+    BandwidthMeter meter(threads);
+    const bool can_measure_memory = reset_peak_rss();
+
     const size_t total = shapes.size() * token_counts.size() *
                          ((do_grad ? 3 : 0) + (do_forward ? 2 : 0) + (do_finalize ? 1 : 0) +
                           (do_finalize_grad ? 1 : 0));
