@@ -436,7 +436,7 @@ TEST(CliBench, ASweepWhoseLargestRowCannotFitIsRefusedBeforeAnyRow) {
                     "16,16777216", "--runs", "1", "--csv", dir.file("b.csv")});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err.rfind("moe-routing: bench: the arrays of its largest row (--shape deepseek-v3 "
-                        "--tokens 16777216) and the bandwidth meter's (",
+                        "--tokens 16777216) and the bandwidth meter's buffers (",
                         0),
             0u)
       << r.err;

@@ -580,7 +580,7 @@ class BenchCommand : public Command {
       Status s = file_io::check_memory(
           uint64_t(most), "bench",  // at most 2^24 tokens: some TB, far below 2^64
           std::string("the arrays of its largest row (--shape ") + largest->name + " --tokens " +
-              std::to_string(largest_n) + ") and the bandwidth meter's");
+              std::to_string(largest_n) + ") and the bandwidth meter's buffers");
       if (!s.is_ok()) return report_error(s);
     }
 
