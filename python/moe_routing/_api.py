@@ -1,6 +1,7 @@
 """The public functions, with CANN's (cann_ops_transformer) names, argument order and defaults."""
 from __future__ import annotations
 
+import functools
 import operator
 from typing import List, Optional, Union
 
@@ -72,12 +73,35 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _int_arguments(op):
+    """The positions and the names of op's int (or SymInt) arguments, optional ones too."""
+    kinds = ("int", "SymInt", "Optional[int]", "Optional[SymInt]")
+    arguments = _schema(op).arguments
+    positions = tuple(i for i, a in enumerate(arguments) if not a.kwarg_only and str(a.type) in kinds)
+    return positions, frozenset(arguments[i].name for i in positions) | frozenset(
+        a.name for a in arguments if a.kwarg_only and str(a.type) in kinds)
+
+
+def _refuse_bool_for_int(op, args, kwargs):
+    """A bool given for an int argument (drop_pad_mode=True, k=False) is a ValueError naming it, as the ports
+    and the distributed layer refuse it: PyTorch's schema takes it as 1 or 0. A bool argument still takes one."""
+    positions, names = _int_arguments(op)
+    for i in positions:
+        if i < len(args) and type(args[i]) is bool:
+            raise ValueError(f"{_name(op)}: {_schema(op).arguments[i].name} must be an int, got {args[i]!r}")
+    for name, value in kwargs.items():
+        if type(value) is bool and name in names:
+            raise ValueError(f"{_name(op)}: {name} must be an int, got {value!r}")
+
+
 def _call(op, *args, **kwargs):
     """op(*args, **kwargs) for the out= overloads and for calls inside a torch.autograd.Function
     (_functional does this for the functional ones):
     traced as it is under torch.compile, else _eager."""
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
+    _refuse_bool_for_int(op, args, kwargs)
     return _eager(op, *args, **kwargs)
 
 
@@ -152,6 +176,7 @@ def _functional(op, *args, **kwargs):
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
+    _refuse_bool_for_int(op, args, kwargs)
     _refuse_forward_ad(op, args)
     if (torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):

@@ -109,6 +109,34 @@ def test_a_scalar_of_the_wrong_type_is_a_value_error_naming_it():
         moe_init_routing(x.requires_grad_(), expert_idx, expert_num=4.0)  # the autograd path too
 
 
+def test_a_bool_for_an_int_is_a_value_error_naming_it():
+    # PyTorch's schema took True as 1 and False as 0 (k=True combined one expert per token), while the
+    # ports and the distributed layer refuse a bool for an int. A bool argument still takes one.
+    x, expert_idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    calls = [
+        ("moe_finalize_routing: k must be an int, got True", lambda: moe_finalize_routing(rows, index, k=True)),
+        ("moe_finalize_routing: drop_pad_mode must be an int, got False",
+         lambda: moe_finalize_routing(rows, index, drop_pad_mode=False, k=2)),
+        ("moe_finalize_routing: k must be an int, got True",
+         lambda: moe_finalize_routing(rows, index, k=True, out=torch.empty(8, 3))),
+        ("moe_finalize_routing: k must be an int, got True",
+         lambda: moe_finalize_routing(rows.requires_grad_(), index, k=True)),  # the autograd path too
+        ("moe_init_routing: expert_num must be an int, got True",
+         lambda: moe_init_routing(x, expert_idx, expert_num=True)),
+        ("moe_init_routing_v2: active_num must be an int, got True", lambda: moe_init_routing_v2(x, expert_idx, True)),
+        ("moe_init_routing_grad: top_k must be an int, got True", lambda: moe_init_routing_grad(rows, index, True)),
+        ("moe_finalize_routing_grad: drop_pad_mode must be an int, got False",
+         lambda: moe_finalize_routing_grad(torch.randn(4, 3), index, drop_pad_mode=False)),
+    ]
+    for message, call in calls:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            call()
+    # A bool for a bool argument is one, and an int for an int still is.
+    assert moe_init_routing_v2(x, expert_idx, 0, 0, 0, 0, 0, False)[0].shape == (8, 3)
+    assert moe_finalize_routing(rows, index, k=2).shape == (4, 3)
+
+
 def test_an_int_outside_int64_is_a_value_error_naming_it():
     # PyTorch's schema refused these with a RuntimeError ("Expected a value of type 'int' ... but
     # instead found type 'int'") that named neither the function nor the argument our way.
