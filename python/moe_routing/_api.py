@@ -83,15 +83,20 @@ def _int_arguments(op):
         a.name for a in arguments if a.kwarg_only and str(a.type) in kinds)
 
 
+def _is_bool(value) -> bool:
+    """A Python, NumPy or 0-dim torch bool (each of which PyTorch's schema takes for an int)."""
+    return type(value) is bool or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+
+
 def _refuse_bool_for_int(op, args, kwargs):
     """A bool given for an int argument (drop_pad_mode=True, k=False) is a ValueError naming it, as the ports
     and the distributed layer refuse it: PyTorch's schema takes it as 1 or 0. A bool argument still takes one."""
     positions, names = _int_arguments(op)
     for i in positions:
-        if i < len(args) and type(args[i]) is bool:
+        if i < len(args) and _is_bool(args[i]):
             raise ValueError(f"{_name(op)}: {_schema(op).arguments[i].name} must be an int, got {args[i]!r}")
     for name, value in kwargs.items():
-        if type(value) is bool and name in names:
+        if name in names and _is_bool(value):
             raise ValueError(f"{_name(op)}: {name} must be an int, got {value!r}")
 
 
@@ -439,10 +444,10 @@ def _out_tuple(function: str, out, names, optional=()) -> tuple:
 
 
 def _two_ints(op: str, name: str, values) -> list:
-    """A list of two ints from any sequence of two integer values; floats are refused rather than
-    truncated ([0.9, 2.9] is not [0, 2])."""
+    """A list of two ints from any sequence of two integer values; floats and bools are refused rather than
+    truncated or taken as 0 and 1 ([0.9, 2.9] is not [0, 2], [False, 4] is not [0, 4])."""
     try:
-        result = [operator.index(v) for v in values]
+        result = None if any(_is_bool(v) for v in values) else [operator.index(v) for v in values]
     except TypeError:
         result = None
     if result is None or len(result) != 2:

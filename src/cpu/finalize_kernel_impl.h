@@ -182,8 +182,9 @@ constexpr int64_t kFinalizePrefetchBytes = 1024;
 /// ahead, so a row's expanded_x lines come from L2 (its first 1 KiB from L1, requested at row
 /// start). This replaced requesting expanded_x's own lines 1 KiB ahead into L1 inside the row;
 /// grad_y's still are. Measured on an Intel VM (bf16, K = 8, two threads, 1024-4096 tokens,
-/// alternating rounds of `moe-routing bench`): 0-9 % less time at H = 2048-7168; the next row
-/// into L1 instead, or the row after next, or without the row-start requests, gained nothing.
+/// alternating rounds of `moe-routing bench`, AVX-512): 3-16 % less time in five of the six
+/// training rows at H = 2048-7168 (DeepSeek-V3 at 1024 tokens within the rounds' spread); the next
+/// row into L1 instead, or the row after next, or without the row-start requests, gained nothing.
 constexpr int kFinalizeNextRowHint = 2;
 
 /// One non-skipped pair of a row, as its columns need it.

@@ -5,6 +5,7 @@ seed article's two examples (torchapi_moe_init_routing_grad.md: manual and autom
 here as written, with `.npu()` / device="npu" dropped."""
 import inspect
 
+import numpy
 import pytest
 import torch
 import torch._dynamo.testing
@@ -128,6 +129,15 @@ def test_a_bool_for_an_int_is_a_value_error_naming_it():
         ("moe_init_routing_grad: top_k must be an int, got True", lambda: moe_init_routing_grad(rows, index, True)),
         ("moe_finalize_routing_grad: drop_pad_mode must be an int, got False",
          lambda: moe_finalize_routing_grad(torch.randn(4, 3), index, drop_pad_mode=False)),
+        # NumPy's and torch's bools too, and bools inside the [start, end] ranges.
+        (r"moe_finalize_routing: k must be an int, got np.True_",
+         lambda: moe_finalize_routing(rows, index, k=numpy.bool_(True))),
+        (r"moe_finalize_routing: k must be an int, got tensor\(True\)",
+         lambda: moe_finalize_routing(rows, index, k=torch.tensor(True))),
+        (r"moe_init_routing: active_expert_range must be a list of two ints \[start, end\], got \[False, 4\]",
+         lambda: moe_init_routing(x, expert_idx, expert_num=4, active_expert_range=[False, 4])),
+        (r"moe_finalize_routing: zero_expert_range must be a list of two ints \[start, end\], got \[0, True\]",
+         lambda: moe_finalize_routing(rows, index, k=2, zero_expert_range=[0, True])),
     ]
     for message, call in calls:
         with pytest.raises(ValueError, match=f"^{message}$"):

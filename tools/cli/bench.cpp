@@ -71,13 +71,16 @@ struct SweepOps {
 };
 
 /// The most memory one row of a sweep holds at once, in bytes (an upper bound): its inputs, its
-/// outputs, the outputs of the call into fresh outputs and, with --verify, a copy of the outputs;
-/// the largest over the chosen operators. A drop-pad layout has E * ceil(N*K/E) <= N*K + E rows.
+/// outputs three times (the out= call's; the binding's fresh outputs, which stay in its output
+/// cache while the allocator's fresh outputs are written) and, with --verify, a fourth copy; its
+/// index arrays and the library's scratch, bounded by 32 bytes per pair; the largest over the
+/// chosen operators. A drop-pad layout has E * ceil(N*K/E) <= N*K + E rows. The output cache's
+/// idle buffers of earlier rows come on top (the caller adds its limit).
 double largest_row_bytes(const ModelShape& shape, int64_t n, double element, const SweepOps& ops,
                          bool verify) {
   const double H = double(shape.hidden), K = double(shape.top_k), N = double(n);
-  const double R = N * K, padded = R + double(shape.experts), ints = 4.0 * R;
-  const double copies = verify ? 3.0 : 2.0;  // the outputs written at once
+  const double R = N * K, padded = R + double(shape.experts), ints = 32.0 * R;
+  const double copies = verify ? 4.0 : 3.0;  // the outputs held at once
   double most = 0.0;
   auto row = [&](double inputs, double outputs) {
     most = std::max(most, inputs + copies * outputs);
@@ -576,7 +579,7 @@ class BenchCommand : public Command {
           const double bytes = largest_row_bytes(shape, n, double(dtype_size(dtype)), ops, verify_);
           if (largest == nullptr || bytes > most) most = bytes, largest = &shape, largest_n = n;
         }
-      most += 2.0 * double(BandwidthMeter::kBytes);
+      most += 2.0 * double(BandwidthMeter::kBytes) + double(detail::output_cache_limit());
       Status s = file_io::check_memory(
           uint64_t(most), "bench",  // at most 2^24 tokens: some TB, far below 2^64
           std::string("the arrays of its largest row (--shape ") + largest->name + " --tokens " +
