@@ -618,20 +618,21 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
     const int64_t r = args.row_order[i];
     const int32_t* pairs = p.row_pairs + p.row_offsets[r];
     const int64_t n = p.row_offsets[r + 1] - p.row_offsets[r];
+    // The expanded_x row visited next, where its lines are requested ahead (else null).
+    const S* next_x = args.prefetch && p.expanded_x != nullptr && i + 1 < row_end
+                          ? static_cast<const S*>(p.expanded_x) + args.row_order[i + 1] * H
+                          : nullptr;
     if (i + 1 < row_end) {  // the next row's first lines (the prefetchers' blind spot)
       const int64_t rn = args.row_order[i + 1];
       const int64_t next = p.row_offsets[rn];
       const int lines = args.prefetch ? int(kFinalizePrefetchBytes / 64) : kFinalizePrefetchLines;
-      const char* next_x =
-          p.expanded_x != nullptr && args.prefetch
-              ? static_cast<const char*>(p.expanded_x) + rn * H * int64_t(sizeof(S))
-              : nullptr;
       const bool has_pair = p.row_offsets[rn + 1] > next;
       for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l) {
         if (has_pair)
           __builtin_prefetch(
               reinterpret_cast<const char*>(gy + (p.row_pairs[next] / p.top_k) * H) + 64 * l, 0, 3);
-        if (next_x != nullptr) __builtin_prefetch(next_x + 64 * l, 0, 3);
+        if (next_x != nullptr)
+          __builtin_prefetch(reinterpret_cast<const char*>(next_x) + 64 * l, 0, 3);
       }
     }
     S* out = static_cast<S*>(p.grad_expanded_x) + r * H;
@@ -648,9 +649,6 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
         (!args.stream_output || stream_aligned<Ops>(out))) {
       const int64_t q = pairs[0];
       const float scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
-      const S* next_x = args.prefetch && x != nullptr && i + 1 < row_end
-                            ? static_cast<const S*>(p.expanded_x) + args.row_order[i + 1] * H
-                            : nullptr;
       const float sum = scaled_row_and_atlas_a2<Ops, Tag>(
           p, products(q), scale, out, args.stream_output, args.prefetch, next_x);
       store_scale(p.grad_scales, p.scales_dtype, q, sum);
