@@ -178,10 +178,10 @@ inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, bool last
 constexpr int kFinalizePrefetchLines = 4;
 constexpr int64_t kFinalizePrefetchBytes = 1024;
 /// The grad's rows named by one pair request, column step by column step, the line of the
-/// expanded_x row visited next at the same column into the L2 cache (prefetcht1): a whole row
-/// ahead, so a row's expanded_x lines come from L2 (its first 1 KiB from L1, requested at row
-/// start). This replaced requesting expanded_x's own lines 1 KiB ahead into L1 inside the row;
-/// grad_y's still are. Measured on an Intel VM (bf16, K = 8, two threads, 1024-4096 tokens,
+/// expanded_x row they stand for in the next run (kFinalizeRowsInterleaved) at the same column
+/// into the L2 cache (prefetcht1): a run ahead, so a row's expanded_x lines come from L2. This
+/// replaced requesting expanded_x's own lines 1 KiB ahead into L1 inside the row; grad_y's still
+/// are. Measured on an Intel VM one row at a time (bf16, K = 8, two threads, 1024-4096 tokens,
 /// alternating rounds of `moe-routing bench`, AVX-512): 3-16 % less time in five of the six
 /// training rows at H = 2048-7168 (DeepSeek-V3 at 1024 tokens within the rounds' spread); the next
 /// row into L1 instead, or the row after next, or without the row-start requests, gained nothing.
@@ -512,10 +512,11 @@ void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, in
 /// bits are those of one row at a time). After a dispatch they are mostly one token's rows: its
 /// grad_y group is read from memory once and from L1 for the others, and the rows' expanded_x
 /// lines arrive as several short streams instead of one. Measured on an Intel VM (bf16, K = 8,
-/// two threads, 1024-4096 tokens, alternating rounds of `moe-routing bench`, AVX-512, 13 rounds):
-/// 2-5 % less time than one row at a time in most training rows (DeepSeek-V3 at 1024 tokens
-/// 9.4 -> 8.9 ms, at 4096 tokens 38.3-40.1 -> 37.1-38.2 ms), Qwen3-30B within the rounds'
-/// spread; 2 and 6 rows measured alike, 8 worse at H = 2048; with AVX2 a tie.
+/// two threads, 1024-4096 tokens, alternating rounds of `moe-routing bench`, AVX-512): 1-12 %
+/// less time than one row at a time in all six training rows (four rounds; DeepSeek-V3 at 4096
+/// tokens 40.6 -> 39.1 ms, Qwen3-235B 21.3 -> 19.7, Qwen3-30B 11.2 -> 10.3), and 2-5 % in most
+/// rows of 13 earlier rounds of a prototype; 2 and 6 rows measured alike, 8 worse at H = 2048;
+/// with AVX2 a tie.
 constexpr int64_t kFinalizeRowsInterleaved = 4;
 
 /// The atlas_a2 order of grad_scales, for `rows` (1..kFinalizeRowsInterleaved) pairs at once:
