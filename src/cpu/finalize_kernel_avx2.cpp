@@ -65,7 +65,7 @@ struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
   /// the 512-lane product tree of columns [0, n): a row of grad_expanded_x with one pair and its
   /// atlas_a2 group, in one pass over the columns (grad_y read once). grad_y's lines are
   /// requested kFinalizePrefetchBytes ahead while that stays below column prefetch_left, and
-  /// next_x's (the next row's expanded_x, or null) at the same columns into L2.
+  /// next_x's (the expanded_x row requested a run ahead, or null) at the same columns into L2.
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
                                    typename Tag::storage* out, int64_t n, int64_t prefetch_left,

@@ -85,7 +85,7 @@ struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
   /// out[j] = narrow(gy[j] * scale) for j < n (n <= 512; out kStreamAlign-aligned where Stream),
   /// and the 512-lane product tree of columns [0, n), in one pass over the columns (grad_y read
   /// once), as FinalizeAvx2Ops does. grad_y's lines are requested kFinalizePrefetchBytes ahead
-  /// while that stays below column prefetch_left, and next_x's (the next row's expanded_x, or
+  /// while that stays below column prefetch_left, and next_x's (the expanded_x row a run ahead, or
   /// null) at the same columns into L2.
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& pr, float scale,
