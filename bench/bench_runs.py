@@ -10,7 +10,9 @@ a reader sees the spread of "% of copy" across phases, not one draw:
 Prints, per operator, scenario, shape and token count: the median, minimum and maximum over the
 runs of the fraction of copy bandwidth and of the row's limit (see `moe-routing bench --help`),
 the median of the highest fraction of copy the bandwidths measured next to the row allow (a
-kernel reaching its limit), and the copy bandwidth each was measured against. Any other flag is
+kernel reaching its limit), the same median and range of the limit's fraction for the call into
+fresh outputs (the torch binding's functional call), and the copy bandwidth each was measured
+against. Any other flag is
 passed to the bench.
 """
 from __future__ import annotations
@@ -58,16 +60,21 @@ def main(argv=None) -> int:
 
     print(f"moe-routing bench, {args.runs} runs: median and range over the runs (CSV files in {directory})")
     print(f"{'op':<13} {'scenario':<9} {'shape':<12} {'N':>5}  {'% of copy (med, min-max)':<25} "
-          f"{'max % of copy (med)':<20} {'% of limit (med, min-max)':<25} copy GB/s (min-max)")
+          f"{'max % of copy (med)':<20} {'% of limit (med, min-max)':<25} {'fresh: % of limit':<25} "
+          "copy GB/s (min-max)")
     for key, group in rows.items():
         copy = [float(g["copy_gbps"]) for g in group]
         # A bench older than the ceiling column (--binary) has none: n/a.
         ceilings = [float(g["ceiling_fraction_of_copy"]) for g in group if g.get("ceiling_fraction_of_copy")]
         ceiling = f"{statistics.median(ceilings) * 100:5.1f}%" if ceilings else "  n/a"
+        # The fresh-output call (the torch binding's) against the same limit; n/a as above.
+        fresh = [float(g["fresh_fraction_of_limit"]) for g in group if g.get("fresh_fraction_of_limit")]
+        fresh_limit = spread(fresh) if fresh else "  n/a"
         print(f"{key[0]:<13} {key[1]:<9} {key[2]:<12} {key[3]:>5}  "
               f"{spread([float(g['fraction_of_copy']) for g in group]):<25} "
               f"{ceiling:<20} "
               f"{spread([float(g['fraction_of_limit']) for g in group]):<25} "
+              f"{fresh_limit:<25} "
               f"{min(copy):.0f}-{max(copy):.0f}")
     return 0
 

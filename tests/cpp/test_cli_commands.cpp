@@ -299,13 +299,14 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
     while (std::getline(names, name, ',')) header.push_back(name);
   }
   const std::vector<std::string> fresh_columns = {"fresh_ms", "fresh_over_out", "fresh_4k_ms",
-                                                  "fresh_4k_over_out"};
+                                                  "fresh_4k_over_out", "fresh_fraction_of_limit"};
   std::vector<size_t> fresh_at;
   for (const std::string& name : fresh_columns) {
     fresh_at.push_back(size_t(std::find(header.begin(), header.end(), name) - header.begin()));
     ASSERT_LT(fresh_at.back(), header.size()) << name << " missing: " << line;
   }
   EXPECT_NE(r.out.find("fresh ms"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fresh%lim"), std::string::npos) << r.out;
   while (std::getline(again, line)) {
     std::vector<std::string> values;
     {
@@ -315,6 +316,15 @@ TEST(CliBench, SmallSweepPrintsEveryRowAndWritesCsv) {
     }
     ASSERT_EQ(values.size(), header.size()) << line;
     for (size_t at : fresh_at) EXPECT_GT(std::stod(values[at]), 0.0) << header[at] << ": " << line;
+    // The fresh-output call's fraction of the shortest time: limit ms / fresh ms.
+    auto value_of = [&](const char* name) {
+      const size_t at = size_t(std::find(header.begin(), header.end(), name) - header.begin());
+      EXPECT_LT(at, header.size()) << name;
+      return at < values.size() ? std::stod(values[at]) : 0.0;
+    };
+    EXPECT_NEAR(value_of("fresh_fraction_of_limit"), value_of("limit_ms") / value_of("fresh_ms"),
+                1e-4 * value_of("fresh_fraction_of_limit"))
+        << line;
     std::stringstream fields(line);
     std::string field;
     for (int f = 0; f <= 12; ++f) std::getline(fields, field, ',');  // the 13th: copy_gbps

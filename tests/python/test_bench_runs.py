@@ -29,6 +29,11 @@ def test_summarises_every_row_over_the_runs(tmp_path):
         assert 0 < low <= float(fields[4][:-1]) <= high
         # The median ceiling (highest % of copy the measured bandwidths allow): in (0, 100].
         assert fields[6].endswith("%") and 0 < float(fields[6][:-1]) <= 100
+        # The % of limit (med, range), then the fresh-output call's, each a median within its range.
+        for at in (7, 9):
+            assert fields[at].endswith("%"), line
+            low, high = (float(v) for v in fields[at + 1].strip("()").split("-"))
+            assert 0 < low <= float(fields[at][:-1]) <= high, line
     assert sorted(os.listdir(tmp_path)) == ["run1.csv", "run2.csv"]
     assert "[bench_runs 2/2]" in done.stderr
 

@@ -475,7 +475,9 @@ class BenchCommand : public Command {
         "after it, as a functional front end returns new tensors (fresh ms: as the torch binding\n"
         "allocates them - from its output cache, MOE_ROUTING_OUTPUT_CACHE_MB, else with huge\n"
         "pages asked for unless MOE_ROUTING_HUGE_PAGES=0; 4K ms: from the allocator alone), each\n"
-        "with the median of its per-run ratio to the out= call. --machine also measures what the\n"
+        "with the median of its per-run ratio to the out= call, and the fraction of the shortest\n"
+        "time the fresh-output call reaches (fresh%lim: the call the torch binding makes; out=\n"
+        "buffers on 4 KiB pages can take longer). --machine also measures what the\n"
         "first touch of fresh memory costs per MiB (page fault + the OS zeroing the page).\n"
         "--verify also runs every row once on the reference backend and compares the outputs bit\n"
         "for bit, and those of a call into fresh outputs with the out= call's (exit status 1 when\n"
@@ -879,17 +881,19 @@ class BenchCommand : public Command {
         "copy/read/write GB/s: 512 MiB memcpy (read+write) / sum / memset, measured next to each "
         "row;\n"
         "%%copy = GB/s / copy GB/s; limit ms = max(bytes / copy, reads / read, writes / write);\n"
-        "%%limit = limit ms / ms; max%%copy = the %%copy a kernel taking limit ms would reach\n"
+        "%%limit = limit ms / ms (fresh%%lim: limit ms / fresh ms); max%%copy = the %%copy a "
+        "kernel taking limit ms would reach\n"
         "ms: into outputs that exist (out=); fresh ms: into outputs allocated for the call and "
         "freed after it,\nas the torch binding's functional operators allocate them (output "
         "cache %lld MiB, MOE_ROUTING_HUGE_PAGES=%s) and\nfrom the allocator alone (4K ms: 4 KiB "
         "pages unless THP is `always`); x: the median of the per-run ratios to the out= call\n",
         (long long)(detail::output_cache_limit() >> 20), detail::huge_pages_enabled() ? "1" : "0");
     std::printf(
-        "%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %6s %9s %6s %9s %7s %16s %7s %8s %9s %7s %8s\n",
+        "%-13s %-9s %-12s %6s %5s %4s %3s %9s %9s %6s %9s %6s %9s %7s %16s %7s %8s %9s %7s %9s "
+        "%8s\n",
         "op", "scenario", "shape", "N", "H", "E", "K", "ms", "fresh ms", "x", "4K ms", "x",
         "MB moved", "GB/s", "copy/read/write", "%copy", "max%copy", "limit ms", "%limit",
-        "extra MB");
+        "fresh%lim", "extra MB");
     for (const Row& r : rows) {
       char extra[32] = "n/a";
       if (r.extra_memory >= 0)
@@ -899,12 +903,12 @@ class BenchCommand : public Command {
                     r.write_gbps);
       std::printf(
           "%-13s %-9s %-12s %6lld %5lld %4lld %3lld %9.3f %9.3f %5.2fx %9.3f %5.2fx %9.1f %7.2f "
-          "%16s %6.1f%% %7.1f%% %9.3f %6.1f%% %8s\n",
+          "%16s %6.1f%% %7.1f%% %9.3f %6.1f%% %8.1f%% %8s\n",
           r.op.c_str(), r.scenario.c_str(), r.shape.c_str(), (long long)r.tokens,
           (long long)r.hidden, (long long)r.experts, (long long)r.top_k, r.ms, r.fresh_ms,
           r.fresh_ratio, r.fresh_small_pages_ms, r.fresh_small_pages_ratio, r.bytes / 1e6, r.gbps,
           bandwidths, 100.0 * r.fraction, 100.0 * r.ceiling, r.limit_ms, 100.0 * r.limit_ms / r.ms,
-          extra);
+          100.0 * r.limit_ms / r.fresh_ms, extra);
     }
     if (verify_)
       std::printf("verify: %zu of %zu rows bitwise equal to the reference backend\n",
@@ -915,7 +919,7 @@ class BenchCommand : public Command {
              "fraction_of_copy,"
              "read_bytes,write_bytes,read_gbps,write_gbps,limit_ms,fraction_of_limit,extra_memory_"
              "bytes,"
-             "fresh_ms,fresh_over_out,fresh_4k_ms,fresh_4k_over_out,"
+             "fresh_ms,fresh_over_out,fresh_4k_ms,fresh_4k_over_out,fresh_fraction_of_limit,"
              "ceiling_fraction_of_copy\n";
       for (const Row& r : rows)
         out << r.op << ',' << r.scenario << ',' << r.shape << ',' << r.tokens << ',' << r.hidden
@@ -924,8 +928,8 @@ class BenchCommand : public Command {
             << r.fraction << ',' << r.read_bytes << ',' << r.write_bytes << ',' << r.read_gbps
             << ',' << r.write_gbps << ',' << r.limit_ms << ',' << r.limit_ms / r.ms << ','
             << r.extra_memory << ',' << r.fresh_ms << ',' << r.fresh_ratio << ','
-            << r.fresh_small_pages_ms << ',' << r.fresh_small_pages_ratio << ',' << r.ceiling
-            << '\n';
+            << r.fresh_small_pages_ms << ',' << r.fresh_small_pages_ratio << ','
+            << r.limit_ms / r.fresh_ms << ',' << r.ceiling << '\n';
       // All or nothing, as the golden commands' outputs (file_io::write_all): a failed write
       // leaves no partial CSV and keeps a previous file.
       const std::string text = out.str();
