@@ -12,8 +12,7 @@ runs of the fraction of copy bandwidth and of the row's limit (see `moe-routing 
 the median of the highest fraction of copy the bandwidths measured next to the row allow (a
 kernel reaching its limit), the same median and range of the limit's fraction for the call into
 fresh outputs (the torch binding's functional call), and the copy bandwidth each was measured
-against. Any other flag is
-passed to the bench.
+against. Any other flag is passed to the bench.
 """
 from __future__ import annotations
 

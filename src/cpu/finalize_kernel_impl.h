@@ -178,13 +178,17 @@ inline void visit_columns(S* out, int64_t c0, int64_t c1, bool stream, bool last
 constexpr int kFinalizePrefetchLines = 4;
 constexpr int64_t kFinalizePrefetchBytes = 1024;
 /// The grad's rows named by one pair request, column step by column step, the line of the
-/// expanded_x row they stand for in the next run (kFinalizeRowsInterleaved) at the same column
-/// into the L2 cache (prefetcht1): a run ahead, so a row's expanded_x lines come from L2. This
-/// replaced requesting expanded_x's own lines 1 KiB ahead into L1 inside the row; grad_y's still
-/// are. Measured on an Intel VM one row at a time (bf16, K = 8, two threads, 1024-4096 tokens,
-/// alternating rounds of `moe-routing bench`, AVX-512): 3-16 % less time in five of the six
-/// training rows at H = 2048-7168 (DeepSeek-V3 at 1024 tokens within the rounds' spread); the next
-/// row into L1 instead, or the row after next, or without the row-start requests, gained nothing.
+/// expanded_x row at their place in the next step of the visit order (kFinalizeRowsInterleaved
+/// rows a step) at the same column into the L2 cache (prefetcht1): a step ahead, so where the
+/// rows named by one pair follow each other their expanded_x lines come from L2. (A run after a
+/// row of another kind gets only its first row's first 1 KiB requested, at that row's start, and
+/// the hardware prefetchers for the rest.) This replaced requesting expanded_x's own lines 1 KiB
+/// ahead into L1 inside the row; grad_y's still are. Measured on an Intel VM when rows were taken
+/// one at a time (bf16, K = 8, two threads, 1024-4096 tokens, alternating rounds of `moe-routing
+/// bench`, AVX-512): 3-16 % less time in five of the six training rows at H = 2048-7168
+/// (DeepSeek-V3 at 1024 tokens within the rounds' spread); the next row into L1 instead, or the
+/// row after next, gained nothing; nor, with four rows a step, the next step's expanded_x row
+/// starts into L1 as well, or its rows into L1 instead of L2.
 constexpr int kFinalizeNextRowHint = 2;
 
 /// One non-skipped pair of a row, as its columns need it.
@@ -510,10 +514,10 @@ void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, in
 /// How many rows named by one pair the backward takes together, their columns interleaved group
 /// by group (512 columns of each row in turn; each row's own operations in its own order, so the
 /// bits are those of one row at a time). After a dispatch they are mostly one token's rows: its
-/// grad_y group is read from memory once and from L1 for the others, and the rows' expanded_x
-/// lines arrive as several short streams instead of one. Measured on an Intel VM (bf16, K = 8,
-/// two threads, 1024-4096 tokens, alternating rounds of `moe-routing bench`, AVX-512): 1-12 %
-/// less time than one row at a time in all six training rows (four rounds; DeepSeek-V3 at 4096
+/// grad_y group is read once into the cache and from L1 for the others, and the rows'
+/// expanded_x lines arrive as several short streams instead of one. Measured on an Intel VM (bf16,
+/// K = 8, two threads, 1024-4096 tokens, alternating rounds of `moe-routing bench`, AVX-512): 1-12
+/// % less time than one row at a time in all six training rows (four rounds; DeepSeek-V3 at 4096
 /// tokens 40.6 -> 39.1 ms, Qwen3-235B 21.3 -> 19.7, Qwen3-30B 11.2 -> 10.3), and 2-5 % in most
 /// rows of 13 earlier rounds of a prototype; 2 and 6 rows measured alike, 8 worse at H = 2048;
 /// with AVX2 a tie.
@@ -563,12 +567,12 @@ struct OnePassRow {
   bool prefetch;         // grad_y's lines requested ahead inside the row
 };
 
-/// Rows named by one pair each (1..kFinalizeRowsInterleaved): row k's columns (its grad_y row
-/// times its scale) and its pair's grad_scales in the atlas_a2 order into sums[k], in one pass
-/// over the columns, the rows interleaved group by group (with `stream`, a group's stores stream
-/// where its first column is Ops::kStreamAlign-aligned; with `prefetch`, grad_y's lines are
-/// requested ahead inside the row; `next_x` is requested into L2 as the columns go: see
-/// kFinalizeNextRowHint).
+/// Rows named by one pair each (`count`, 1..kFinalizeRowsInterleaved): row k's columns (its
+/// grad_y row times its scale) and its pair's grad_scales in the atlas_a2 order into sums[k], in
+/// one pass over the columns, the rows interleaved group by group (with `stream`, a group's stores
+/// stream where its first column is Ops::kStreamAlign-aligned; with a row's `prefetch`, its grad_y
+/// lines are requested ahead inside the row; its `next_x` is requested into L2 as the columns go:
+/// see kFinalizeNextRowHint).
 /// A group streams where its first column is on a boundary: a chunk need not end on one
 /// (12264 float32 products are 49056 bytes, an odd multiple of 32), and the groups after such a
 /// chunk go through the cache.

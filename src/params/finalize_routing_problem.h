@@ -135,7 +135,7 @@ MOE_ROUTING_PARAMS_FN uint16_t bf16_half_away_from_bits(uint32_t bits) {
 struct FinalizeRoutingGradProblem {
   const void* grad_y;               // [N, H]
   const int32_t* expanded_row_idx;  // [N*K], checked
-  const void* expanded_x;           // [R, H] or null
+  const void* expanded_x;           // [R, H] or null (never null where grad_scales is not)
   const void* scales;               // [N, K] or null
   const int32_t* expert_idx;        // [N, K] or null
   const void* bias;                 // [E, H] or null

@@ -157,6 +157,27 @@ TEST(FinalizeGradRandom, SpecialValuesPropagateIdentically) {
       }
 }
 
+TEST(FinalizeGradRandom, RunsOfOnePairRowsAcrossGroupsAndSplitsMatchTheReference) {
+  // atlas_a2's rows named by one pair are taken up to four at a time, their columns interleaved
+  // group by group (512 columns): runs cut by empty and shared rows (drop-pad's unfilled slots,
+  // duplicates), by a thread's share of the visit order, and by rows that start off a streaming
+  // boundary, at widths of several groups and a ragged last one, streamed and prefetched.
+  testing::StreamingThresholdOverride small(1);
+  testing::EveryJobSplitIntoPieces pieces;
+  testing::Random rng(5051);
+  for (int64_t h : {1100, 2065})
+    for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+      for (int64_t mode = 0; mode < 2; ++mode)
+        for (int duplicates = 0; duplicates < 2; ++duplicates) {
+          GradOptions o;
+          o.bias = duplicates == 1, o.mixed_scales = d.mixed_scales;
+          o.duplicates = duplicates == 1, o.drop_fraction = 0.2;
+          FinalizeGradCase c =
+              testing::make_finalize_grad_case(rng, d.dtype, mode, Numerics::atlas_a2, o, 9, 8, h);
+          expect_all_runners_match(c);
+        }
+}
+
 TEST(FinalizeGradRandom, ThreadCountsAndRepeatedRunsGiveTheSameBits) {
   testing::Random rng(4);
   GradOptions o;
