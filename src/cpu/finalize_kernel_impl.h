@@ -656,6 +656,13 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
   const S* expanded_x = static_cast<const S*>(p.expanded_x);  // null without grad_scales
   S* grad_expanded_x = static_cast<S*>(p.grad_expanded_x);
   auto pairs_of = [&](int64_t r) { return p.row_offsets[r + 1] - p.row_offsets[r]; };
+  auto grad_y_row = [&](int64_t q) { return gy + (q / p.top_k) * H; };
+  // Pair q's products over the expanded_x row x (its expert's bias row where there is bias).
+  auto products = [&](const S* x, int64_t q) {
+    const S* bias =
+        p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
+    return Products<S>{x, bias, grad_y_row(q)};
+  };
   // The usual row (one pair) under atlas_a2 takes the one-pass path: its columns and its pair's
   // sum together, where its stores may stream from the row's start (else the general path's head
   // is needed).
@@ -677,9 +684,8 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
       for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l) {
         if (pairs_of(rn) > 0)
           __builtin_prefetch(
-              reinterpret_cast<const char*>(gy + (p.row_pairs[p.row_offsets[rn]] / p.top_k) * H) +
-                  64 * l,
-              0, 3);
+              reinterpret_cast<const char*>(grad_y_row(p.row_pairs[p.row_offsets[rn]])) + 64 * l, 0,
+              3);
         if (x_lines)
           __builtin_prefetch(reinterpret_cast<const char*>(expanded_x + rn * H) + 64 * l, 0, 3);
       }
@@ -691,9 +697,7 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
         const int64_t r = args.row_order[i + k];
         const int64_t q = p.row_pairs[p.row_offsets[r]];
         pair[k] = q;
-        const S* bias =
-            p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
-        rows[k].products = Products<S>{expanded_x + r * H, bias, gy + (q / p.top_k) * H};
+        rows[k].products = products(expanded_x + r * H, q);
         rows[k].scale = p.scales != nullptr ? load_scale(p.scales, p.scales_dtype, q) : 1.0f;
         rows[k].out = grad_expanded_x + r * H;
         // Row k of the next run (its expanded_x row: one run ahead, into L2).
@@ -721,11 +725,8 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
       const S* x = expanded_x + r * H;
       for (int64_t k = 0; k < n; ++k) {
         const int64_t q = pairs[k];
-        const S* bias =
-            p.bias != nullptr ? static_cast<const S*>(p.bias) + p.expert_idx[q] * H : nullptr;
-        const Products<S> products{x, bias, gy + (q / p.top_k) * H};
-        const float sum = p.tree_order ? reduce_atlas_a2<Ops, Tag>(p, products)
-                                       : reduce_ascend_950<Ops, Tag>(p, products);
+        const float sum = p.tree_order ? reduce_atlas_a2<Ops, Tag>(p, products(x, q))
+                                       : reduce_ascend_950<Ops, Tag>(p, products(x, q));
         store_scale(p.grad_scales, p.scales_dtype, q, sum);
       }
     }
