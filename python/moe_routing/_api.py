@@ -86,6 +86,7 @@ def _int_argument_table(op):
 # Every operator's packet and overload (what _call and _functional are given) -> its int argument table, built
 # once here: the schema objects it comes from are C++ ones that torch.compile cannot trace, while this dict of
 # constants it can, so the bool check of _refuse_bool_for_int runs at trace time too, without a graph break.
+# A new operator goes in the list (_refuse_bool_for_int's lookup is a KeyError otherwise).
 _INT_ARGUMENTS = {op: _int_argument_table(op)
                   for packet in (getattr(torch.ops.moe_routing, name) for name in (
                       "moe_init_routing", "moe_init_routing_v2", "moe_init_routing_grad", "moe_finalize_routing",
