@@ -1,12 +1,13 @@
 """The public functions, with CANN's (cann_ops_transformer) names, argument order and defaults."""
 from __future__ import annotations
 
-import functools
 import operator
 from typing import List, Optional, Union
 
 import torch
 from torch.autograd import forward_ad as _forward_ad
+
+from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*, which _INT_ARGUMENTS reads)
 
 
 INT32_MAX = 2**31 - 1
@@ -73,40 +74,60 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _int_arguments(op):
-    """The positions and the names of op's int (or SymInt) arguments, optional ones too."""
+def _int_argument_table(op):
+    """(op's name, the (position, name) of each positional int (or SymInt) argument, the names of all of them),
+    optional ones too."""
     kinds = ("int", "SymInt", "Optional[int]", "Optional[SymInt]")
     arguments = _schema(op).arguments
-    positions = tuple(i for i, a in enumerate(arguments) if not a.kwarg_only and str(a.type) in kinds)
-    return positions, frozenset(arguments[i].name for i in positions) | frozenset(
-        a.name for a in arguments if a.kwarg_only and str(a.type) in kinds)
+    return (_name(op), tuple((i, a.name) for i, a in enumerate(arguments) if not a.kwarg_only and str(a.type) in kinds),
+            frozenset(a.name for a in arguments if str(a.type) in kinds))
+
+
+# Every operator's packet and overload (what _call and _functional are given) -> its int argument table, built
+# once here: the schema objects it comes from are C++ ones that torch.compile cannot trace, while this dict of
+# constants it can, so the bool check of _refuse_bool_for_int runs at trace time too, without a graph break.
+# Every public operator of the namespace is in it (the helpers whose names start with "_" take no user ints).
+_INT_ARGUMENTS = {op: _int_argument_table(op)
+                  for packet in (getattr(torch.ops.moe_routing, name) for name in sorted({
+                      qualified.split("::")[1].split(".")[0] for qualified in torch._C._dispatch_get_all_op_names()
+                      if qualified.startswith("moe_routing::") and not qualified.startswith("moe_routing::_")}))
+                  for op in (packet, *(getattr(packet, overload) for overload in packet.overloads()))}
 
 
 def _is_bool(value) -> bool:
-    """A Python, NumPy or 0-dim torch bool (each of which PyTorch's schema takes for an int)."""
-    return type(value) is bool or str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+    """A Python, NumPy or 0-dim torch bool (each of which PyTorch's schema takes for an int). An int or a SymInt
+    is none, answered before any attribute is read (torch.compile traces that for a symbolic one too). Under
+    torch.compile only a Python bool is one: a tensor or a NumPy scalar for an int argument is refused there by
+    PyTorch's schema (no value to pass as an int at trace time), which reading its dtype would pre-empt with
+    Dynamo's "ndarray attribute access" or "repr() on tensor" instead."""
+    if type(value) is bool:
+        return True
+    if value is None or isinstance(value, (int, torch.SymInt)) or torch.compiler.is_compiling():
+        return False
+    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
 def _refuse_bool_for_int(op, args, kwargs):
     """A bool given for an int argument (drop_pad_mode=True, k=False) is a ValueError naming it, as the ports
-    and the distributed layer refuse it: PyTorch's schema takes it as 1 or 0. A bool argument still takes one."""
-    positions, names = _int_arguments(op)
-    for i in positions:
+    and the distributed layer refuse it: PyTorch's schema takes it as 1 or 0. A bool argument still takes one.
+    Under torch.compile too: a bool is a constant while tracing, so the check runs at trace time (it reads only
+    the constant _INT_ARGUMENTS) and adds nothing to the graph; the traced error carries this message."""
+    function, positional, names = _INT_ARGUMENTS[op]
+    for i, name in positional:
         if i < len(args) and _is_bool(args[i]):
-            raise ValueError(f"{_name(op)}: {_schema(op).arguments[i].name} must be an int, got {args[i]!r}")
+            raise ValueError(f"{function}: {name} must be an int, got {args[i]!r}")
     for name, value in kwargs.items():
         if name in names and _is_bool(value):
-            raise ValueError(f"{_name(op)}: {name} must be an int, got {value!r}")
+            raise ValueError(f"{function}: {name} must be an int, got {value!r}")
 
 
 def _call(op, *args, **kwargs):
     """op(*args, **kwargs) for the out= overloads and for calls inside a torch.autograd.Function
-    (_functional does this for the functional ones):
-    traced as it is under torch.compile, else _eager."""
+    (_functional does this for the functional ones): a bool for an int argument refused, then traced as it is
+    under torch.compile, else _eager."""
+    _refuse_bool_for_int(op, args, kwargs)
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
-    _refuse_bool_for_int(op, args, kwargs)
     return _eager(op, *args, **kwargs)
 
 
@@ -179,9 +200,9 @@ def _functional(op, *args, **kwargs):
     requires_grad), it runs below the Autograd key: the Python-level autograd kernel that
     torch.library.register_autograd installs would only find nothing to record, at ~3.5 us per call - as much
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
+    _refuse_bool_for_int(op, args, kwargs)
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
-    _refuse_bool_for_int(op, args, kwargs)
     _refuse_forward_ad(op, args)
     if (torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):

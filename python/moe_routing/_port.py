@@ -14,7 +14,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _refuse_forward_ad, func_transform_error,
+from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, _refuse_forward_ad, func_transform_error,
                    moe_finalize_routing, moe_init_routing_v2, non_dense_kind)
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -96,6 +96,15 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     if minimum is not None and value < minimum:
         raise ValueError(f"{function}: {name} must be >= {minimum}, got {value}")
     return value
+
+
+def refuse_bools(function: str, values: Dict[str, object]) -> None:
+    """No bool among these int arguments (name -> value), which the caller passes on to an operator as they
+    are: the operator refuses one too, but in its own name, which renamed_errors cannot replace under
+    torch.compile. A constant while tracing, so this runs at trace time, adding nothing to the graph."""
+    for name, value in values.items():
+        if _is_bool(value):
+            raise ValueError(f"{function}: {name} must be an int, got {value!r}")
 
 
 def first_true(mask: torch.Tensor) -> Optional[int]:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import moe_routing
+from compile_errors import assert_compiled_raises_value_error
 from reference import random_values
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
@@ -205,6 +206,93 @@ def test_compiled_call_reports_the_eager_error_at_trace_time():
                       fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="expert_capacity must be >= 1 when drop_pad_mode=1, got -1"):
         f(x, idx)
+
+
+def _init_out():
+    return tuple(torch.empty(0) for _ in range(5))
+
+
+# (operator, argument, the bool given, a call of it taking (x, expert_idx, rows, index, flag)): every int argument
+# of every operator, positional or by keyword as the public function takes it, and each out= variant once.
+BOOL_FOR_INT_CASES = [
+    ("moe_init_routing_grad", "top_k", True, lambda x, i, r, e, b: moe_routing.moe_init_routing_grad(r, e, b)),
+    ("moe_init_routing_grad", "drop_pad_mode", False,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing_grad(r, e, 1, b)),
+    ("moe_init_routing_grad", "active_num", True,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing_grad(r, e, 1, active_num=b)),
+    ("moe_init_routing_grad", "top_k", True,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing_grad(r, e, b, out=torch.empty(8, 3))),
+    ("moe_init_routing_v2", "active_num", True, lambda x, i, r, e, b: moe_routing.moe_init_routing_v2(x, i, b)),
+    ("moe_init_routing_v2", "expert_capacity", True,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing_v2(x, i, expert_capacity=b)),
+    ("moe_init_routing_v2", "expert_num", True, lambda x, i, r, e, b: moe_routing.moe_init_routing_v2(x, i, 0, 0, b)),
+    ("moe_init_routing_v2", "drop_pad_mode", False,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing_v2(x, i, drop_pad_mode=b)),
+    ("moe_init_routing_v2", "expert_tokens_count_or_cumsum_flag", True,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing_v2(x, i, expert_num=4, expert_tokens_count_or_cumsum_flag=b)),
+    *[("moe_init_routing", name, flag,
+       lambda x, i, r, e, b, name=name: moe_routing.moe_init_routing(x, i, **{"expert_num": 4, name: b}))
+      for name, flag in (("active_num", True), ("expert_capacity", True), ("expert_num", True),
+                         ("drop_pad_mode", False), ("expert_tokens_num_type", True), ("quant_mode", False),
+                         ("row_idx_type", True), ("x_dtype", False))],
+    ("moe_init_routing", "active_num", True,
+     lambda x, i, r, e, b: moe_routing.moe_init_routing(x, i, None, None, None, b, expert_num=4, out=_init_out())),
+    ("moe_finalize_routing", "drop_pad_mode", False,
+     lambda x, i, r, e, b: moe_routing.moe_finalize_routing(r, e, drop_pad_mode=b, k=2)),
+    ("moe_finalize_routing", "k", True, lambda x, i, r, e, b: moe_routing.moe_finalize_routing(r, e, k=b)),
+    ("moe_finalize_routing", "k", True,
+     lambda x, i, r, e, b: moe_routing.moe_finalize_routing(r, e, k=b, out=torch.empty(8, 3))),
+    *[("moe_finalize_routing_grad", name, flag,
+       lambda x, i, r, e, b, name=name: moe_routing.moe_finalize_routing_grad(r[:4], e, **{name: b}))
+      for name, flag in (("drop_pad_mode", False), ("active_num", True), ("expert_num", True),
+                         ("expert_capacity", True))],
+    ("moe_finalize_routing_grad", "drop_pad_mode", True,
+     lambda x, i, r, e, b: moe_routing.moe_finalize_routing_grad(r[:4], e, drop_pad_mode=b,
+                                                                 out=(torch.empty(8, 3), None))),
+]
+
+
+@pytest.mark.parametrize("operator,argument,flag,call", BOOL_FOR_INT_CASES,
+                         ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(BOOL_FOR_INT_CASES)])
+def test_compiled_call_refuses_a_bool_for_an_int(operator, argument, flag, call):
+    # Under torch.compile the bool check was skipped and PyTorch's schema took True as 1, False as 0 (k=True
+    # combined one expert per token): a silent wrong answer compiled only. A bool is a constant while tracing,
+    # so the check runs at trace time, and fullgraph=True stops with eager's message.
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    message = f"{operator}: {argument} must be an int, got {flag}"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call(x, idx, rows, index, flag)  # eager: the same message
+    assert_compiled_raises_value_error(message, call, x, idx, rows, index, flag)
+
+
+def test_compiled_call_without_fullgraph_raises_the_value_error_itself():
+    # Dynamo runs a frame that raises while traced eagerly when graph breaks are allowed: the ValueError itself.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda r, e, k: moe_routing.moe_finalize_routing(r, e, k=k), backend="eager")
+    with pytest.raises(ValueError, match="^moe_finalize_routing: k must be an int, got True$"):
+        compiled(torch.randn(8, 3), torch.arange(8, dtype=torch.int32), True)
+
+
+def test_the_bool_check_traces_without_a_graph_break_and_keeps_ints_symbolic():
+    # The check reads only constants (the int arguments' table built at import), so valid calls still trace
+    # whole: one graph for every token count under dynamic=True, an int argument kept a SymInt.
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def layer(x, idx, k):
+        expanded_x, eri, _, _, _ = moe_routing.moe_init_routing(x, idx, expert_num=4, active_num=x.shape[0] * k)
+        combined = moe_routing.moe_finalize_routing(expanded_x, eri, drop_pad_mode=2, k=k)
+        return combined + moe_routing.moe_init_routing_grad(expanded_x, eri, k, 0, x.shape[0] * k)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(layer, fullgraph=True, backend=counter, dynamic=True)
+    gen = torch.Generator().manual_seed(12)
+    for n in (4, 6, 9):
+        x = torch.randn(n, 3, generator=gen)
+        idx = torch.randint(0, 4, (n, 2), generator=gen, dtype=torch.int32)
+        assert torch.equal(compiled(x, idx, 2), layer(x, idx, 2))
+    assert counter.frame_count == 1
 
 
 def _assert_close_to_rounding(a, b):

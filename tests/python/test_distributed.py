@@ -265,6 +265,20 @@ def test_bad_arguments_world_of_one(arguments, message):
         ep.combine(recv_x, handle, numerics=combine_numerics)
 
 
+@pytest.mark.parametrize("arguments,name", [(dict(num_experts=True), "num_experts"),
+                                            (dict(num_experts=2, expert_capacity=True), "expert_capacity")])
+def test_a_bool_for_an_int_under_torch_compile_world_of_one(arguments, name):
+    """Under torch.compile (graph breaks allowed: dispatch is eager-only, docs/distributed.md) a bool for an
+    int is still refused: the check is check_int's, which runs compiled or not (the single-device operators
+    once skipped theirs there)."""
+    x, idx = torch.randn(3, 4), torch.tensor([[0], [1], [0]], dtype=torch.int32)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, idx: ep.dispatch(x, idx, **arguments)[0], backend="eager")
+    with pytest.raises(ValueError, match=re.escape(f"moe_routing.distributed.dispatch: {name} must be an int, got "
+                                                   f"True (on rank 0)")):
+        compiled(x, idx)
+
+
 def test_int32_limits_are_agreed_world_of_one():
     """The single-device int32 limits are dispatch's checks (agreed: the same ValueError on every
     rank); an expert_capacity of 2**63 once overflowed the int64 agreement message on its own rank

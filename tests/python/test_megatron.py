@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from moe_routing.megatron import permute, unpermute
+from compile_errors import assert_compiled_raises_value_error
 from finalize_reference import grad_scales_sum
 from reference import assert_bitwise_equal, random_values
 
@@ -468,6 +469,21 @@ def test_compile_fullgraph_bit_for_bit(drop_and_pad, backend, dynamic):
         results.append((out, permuted_probs, t.grad, p.grad))
     for eager, compiled in zip(*results):
         assert_bitwise_equal(eager, compiled)
+
+
+@pytest.mark.parametrize("function,argument,call", [
+    ("permute", "num_out_tokens", lambda t, m, b: permute(t, m, num_out_tokens=b)[0]),
+    ("unpermute", "restore_shape",
+     lambda t, m, b: unpermute(t.repeat(2, 1), torch.tensor([0, 1, 0, 1]), [2, b], None, m)),
+])
+def test_compiled_call_refuses_a_bool_for_an_int(function, argument, call):
+    # The int arguments (align_size is accepted and ignored, as Megatron's unfused path does) refuse a bool
+    # under torch.compile(fullgraph=True) as in eager.
+    tokens, routing_map = torch.randn(2, 3), torch.ones(2, 2, dtype=torch.bool)
+    message = f"{function}: {argument} must be an int, got True"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call(tokens, routing_map, True)
+    assert_compiled_raises_value_error(message, call, tokens, routing_map, True)
 
 
 def test_a_sparse_input_is_a_value_error_naming_it():

@@ -9,6 +9,7 @@ import torch
 
 import moe_routing
 import moe_routing.torch_npu as torch_npu
+from compile_errors import assert_compiled_raises_value_error
 from finalize_reference import atlas_chunk, grad_scales_sum
 from reference import assert_bitwise_equal, grad_reference, random_values, v4_reference
 
@@ -692,6 +693,40 @@ def test_compiled_unpermute_refuses_int64_indices_beyond_int32():
     with pytest.raises(IndexError, match=r"^moe_finalize_routing: expanded_row_idx\[2\] must be in \[0, 4\) "
                                          r"\(-1 marks a dropped pair\), got -2147483648$"):
         compiled(permuted, index, probs)
+
+
+# (function, argument, the bool given, a call taking (x, expert_idx, rows, index, flag)): every int argument of
+# every function that has one (npu_moe_token_unpermute's restore_shape is ignored, as torch_npu ignores it).
+BOOL_FOR_INT_CASES = [
+    ("npu_moe_init_routing", "active_num", True,
+     lambda x, i, r, e, b: torch_npu.npu_moe_init_routing(x, column_row_idx(4, 2), i, b)),
+    *[("npu_moe_init_routing_v2", name, flag,
+       lambda x, i, r, e, b, name=name: torch_npu.npu_moe_init_routing_v2(x, i, **{"expert_num": 4, name: b}))
+      for name, flag in (("active_num", True), ("expert_capacity", True), ("expert_num", True),
+                         ("drop_pad_mode", False), ("expert_tokens_num_type", True), ("quant_mode", False),
+                         ("row_idx_type", True), ("x_dtype", False))],
+    ("npu_moe_finalize_routing", "drop_pad_mode", False,
+     lambda x, i, r, e, b: torch_npu.npu_moe_finalize_routing(r, None, None, None, None, e, None, b, 2)),
+    ("npu_moe_finalize_routing", "k", True,
+     lambda x, i, r, e, b: torch_npu.npu_moe_finalize_routing(r, None, None, None, None, e, None, k=b)),
+    ("npu_moe_token_permute", "num_out_tokens", True, lambda x, i, r, e, b: torch_npu.npu_moe_token_permute(x, i, b)),
+    ("npu_moe_compute_expert_tokens", "num_expert", True,
+     lambda x, i, r, e, b: torch_npu.npu_moe_compute_expert_tokens(e, b)),
+]
+
+
+@pytest.mark.parametrize("function,argument,flag,call", BOOL_FOR_INT_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in BOOL_FOR_INT_CASES])
+def test_compiled_call_refuses_a_bool_for_an_int(function, argument, flag, call):
+    """A bool for an int argument is eager's ValueError under torch.compile(fullgraph=True) too, naming the
+    function: the ints passed on to an operator were refused only by the operator, which under torch.compile
+    skipped the check (PyTorch's schema took the bool as 1 or 0) and could not have been renamed anyway."""
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=I32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=I32)
+    message = f"{function}: {argument} must be an int, got {flag}"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        call(x, idx, rows, index, flag)  # eager: the same message
+    assert_compiled_raises_value_error(message, call, x, idx, rows, index, flag)
 
 
 def test_compiled_ports_keep_the_token_count_symbolic():
