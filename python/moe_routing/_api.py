@@ -5,7 +5,6 @@ import operator
 from typing import List, Optional, Union
 
 import torch
-from torch.autograd import forward_ad as _forward_ad
 
 from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*, which _INT_ARGUMENTS reads)
 
@@ -173,20 +172,6 @@ def non_dense_kind(t: torch.Tensor) -> Optional[str]:
     return None if t.layout == torch.strided else str(t.layout).replace("torch.", "").lstrip("_")
 
 
-def _refuse_forward_ad(op, args):
-    """Forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is refused: the operators
-    have no forward derivative, and PyTorch's kernel for custom operators runs them on the primal
-    alone, so the tangent was silently dropped (jvp returned zeros, a dual output had none)."""
-    if _forward_ad._current_level < 0:  # no dual level is open: nothing to check
-        return
-    if any(isinstance(a, torch.Tensor) and _forward_ad.unpack_dual(a).tangent is not None
-           for a in args):
-        raise NotImplementedError(
-            f"{_name(op)}: forward-mode AD (torch.func.jvp, jacfwd, "
-            "torch.autograd.forward_ad) is not supported, got an input with a tangent; differentiate in reverse "
-            "mode with torch.autograd (backward, torch.autograd.grad)")
-
-
 def func_transform_error(function: str) -> str:
     """The refusal of torch.func's differentiating transforms by `function`."""
     return (f"{function}: torch.func's differentiating transforms (grad, vjp, jacrev, jacfwd, jvp) are not supported, "
@@ -199,11 +184,12 @@ def _functional(op, *args, **kwargs):
     nothing traces or transforms the call (torch.compile; a torch.func transform, whose wrapped tensors hide
     requires_grad), it runs below the Autograd key: the Python-level autograd kernel that
     torch.library.register_autograd installs would only find nothing to record, at ~3.5 us per call - as much
-    as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees")."""
+    as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees"). The refusal of
+    forward-mode AD is the operators' own (their ADInplaceOrView kernel, which runs below the Autograd key too,
+    and _autograd.refuse_forward_ad where autograd records the call)."""
     _refuse_bool_for_int(op, args, kwargs)
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
-    _refuse_forward_ad(op, args)
     if (torch._C._functorch.peek_interpreter_stack() is not None
             or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))):
         return _eager(op, *args, **kwargs)

@@ -9,9 +9,51 @@ ops (no host synchronisation), so the backward traces under torch.compile.
 """
 from __future__ import annotations
 
+import functools
+from typing import Iterable, Tuple
+
 import torch
+from torch.autograd import forward_ad as _forward_ad
 
 _grad = torch.ops.moe_routing.moe_init_routing_grad
+
+
+# ---- forward-mode AD ---------------------------------------------------------------------------
+#
+# The operators have no forward derivative: PyTorch's autograd kernel of custom operators ran them
+# on the primal alone, so a tangent was silently dropped (jvp returned zeros, a dual output had
+# none). The operators' ADInplaceOrView kernel (csrc/torch_ops.cpp, functional_refuse_forward_ad)
+# refuses an input with a tangent on every path but one: when autograd records the call (grad
+# mode on, an input requiring grad), register_autograd's autograd.Function runs the operator with
+# forward grad mode off, which hides the tangents from that kernel, and PyTorch then raised its
+# own "You must implement the jvp function for custom autograd.Function". That path alone is
+# refused here, in setup_context, with the kernel's message.
+
+def refuse_forward_ad(function: str, tensors: Iterable[Tuple[str, object]]) -> None:
+    """A NotImplementedError naming `function` and the first of `tensors` ((name, value) pairs;
+    non-tensors are passed over) that carries a forward-mode tangent, also where forward grad mode
+    is off (in an autograd.Function's forward or setup_context)."""
+    if _forward_ad._current_level < 0:  # no dual level is open: nothing to check
+        return
+    with _forward_ad._set_fwd_grad_enabled(True):
+        for name, value in tensors:
+            if isinstance(value, torch.Tensor) and _forward_ad.unpack_dual(value).tangent is not None:
+                raise NotImplementedError(
+                    f"{function}: forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not "
+                    f"supported, got {name} with a tangent; differentiate in reverse mode with torch.autograd "
+                    "(backward, torch.autograd.grad)")
+
+
+def _refusing_forward_ad(op_name: str, setup_context):
+    """setup_context of torch.ops.moe_routing.<op_name>, refusing an input with a tangent first."""
+    names = [a.name for a in getattr(torch.ops.moe_routing, op_name).default._schema.arguments]
+
+    @functools.wraps(setup_context)
+    def wrapped(ctx, inputs, keyword_only_inputs, output):
+        refuse_forward_ad(op_name, zip(names, inputs))
+        setup_context(ctx, inputs, keyword_only_inputs, output)
+
+    return wrapped
 
 
 # The backward runs in the numerics of its forward (the keyword-only `numerics`): Atlas A2/A3's
@@ -39,7 +81,7 @@ def _v2_backward(ctx, grad_expanded_x, *_unused):
 
 
 torch.library.register_autograd("moe_routing::moe_init_routing_v2", _v2_backward,
-                                setup_context=_v2_setup_context)
+                                setup_context=_refusing_forward_ad("moe_init_routing_v2", _v2_setup_context))
 
 
 # ---- moe_init_routing (torch API / V4) -----------------------------------------------------
@@ -109,7 +151,7 @@ def _v4_backward(ctx, grad_expanded_x, _g_row_idx, _g_counts, grad_expanded_scal
 
 
 torch.library.register_autograd("moe_routing::moe_init_routing", _v4_backward,
-                                setup_context=_v4_setup_context)
+                                setup_context=_refusing_forward_ad("moe_init_routing", _v4_setup_context))
 
 
 # ---- moe_init_routing_grad used as a combine (unpermute) -------------------------------------
@@ -145,7 +187,7 @@ def _grad_backward(ctx, grad_output):
 
 
 torch.library.register_autograd("moe_routing::moe_init_routing_grad", _grad_backward,
-                                setup_context=_grad_setup_context)
+                                setup_context=_refusing_forward_ad("moe_init_routing_grad", _grad_setup_context))
 
 
 # ---- moe_finalize_routing (the combine) -------------------------------------------------------
@@ -237,7 +279,7 @@ def _finalize_backward(ctx, grad_y):
 
 
 torch.library.register_autograd("moe_routing::moe_finalize_routing", _finalize_backward,
-                                setup_context=_finalize_setup_context)
+                                setup_context=_refusing_forward_ad("moe_finalize_routing", _finalize_setup_context))
 
 
 def _finalize_grad_setup_context(ctx, inputs, keyword_only_inputs, output):
@@ -252,5 +294,6 @@ def _finalize_grad_backward(ctx, *grads):
 
 # Registered so that a double backward through the combine fails clearly instead of PyTorch's
 # fallback, which only warns and leaves the gradient out.
-torch.library.register_autograd("moe_routing::moe_finalize_routing_grad", _finalize_grad_backward,
-                                setup_context=_finalize_grad_setup_context)
+torch.library.register_autograd(
+    "moe_routing::moe_finalize_routing_grad", _finalize_grad_backward,
+    setup_context=_refusing_forward_ad("moe_finalize_routing_grad", _finalize_grad_setup_context))

@@ -14,8 +14,9 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, _refuse_forward_ad, func_transform_error,
-                   moe_finalize_routing, moe_init_routing_v2, non_dense_kind)
+from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, func_transform_error, moe_finalize_routing,
+                   moe_init_routing_v2, non_dense_kind)
+from ._autograd import refuse_forward_ad
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -216,8 +217,9 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
         rows, scales = rows.float(), scales.float()
     if skip_zero_scales and scales is not None:
         if not is_compiling():
-            # Forward mode is refused as by the operator (a Function's own jvp would stop Dynamo).
-            _refuse_forward_ad(torch.ops.moe_routing.moe_finalize_routing, (rows, scales))
+            # Forward mode is refused as by the operator (a Function's own jvp would stop Dynamo; its
+            # forward runs with forward grad mode off, so the operator's own check sees no tangent).
+            refuse_forward_ad("moe_finalize_routing", (("expanded_x", rows), ("scales", scales)))
         out = _SkipZeroScales.apply(rows, index, scales, numerics, grad_numerics or numerics)
     else:
         out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)

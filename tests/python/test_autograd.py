@@ -185,35 +185,73 @@ def test_functional_calls_under_vmap_keep_the_graph_of_the_outer_tensor():
     assert torch.equal(ours, torch.full_like(x, 3.0))  # K = 2 rows per token, plus xr.sum()
 
 
-def _one_call_of_each_operator():
-    """(name, f): f(t) calls one of the operators with t as its differentiable input."""
+def _one_call_of_each_operator(ops=moe_routing):
+    """(name, f): f(t) calls one of the operators with t as its differentiable input; ops is
+    moe_routing (the public functions) or torch.ops.moe_routing (the raw operators)."""
     idx = torch.tensor([[1, 0], [2, 1], [0, 2]], dtype=torch.int32)
     eri = torch.tensor([3, 0, 5, 1, 2, 4], dtype=torch.int32)
     return [
-        ("moe_init_routing", lambda t: moe_routing.moe_init_routing(t, idx, expert_num=3)[0]),
-        ("moe_init_routing_v2", lambda t: moe_routing.moe_init_routing_v2(t, idx, expert_num=3)[0]),
-        ("moe_init_routing_grad", lambda t: moe_routing.moe_init_routing_grad(t.repeat(2, 1), eri, 2)),
+        ("moe_init_routing", lambda t: ops.moe_init_routing(t, idx, expert_num=3)[0]),
+        ("moe_init_routing_v2", lambda t: ops.moe_init_routing_v2(t, idx, expert_num=3)[0]),
+        ("moe_init_routing_grad", lambda t: ops.moe_init_routing_grad(t.repeat(2, 1), eri, 2)),
         ("moe_finalize_routing",
-         lambda t: moe_routing.moe_finalize_routing(t.repeat(2, 1), eri, k=2, drop_pad_mode=2)),
-        ("moe_finalize_routing_grad", lambda t: moe_routing.moe_finalize_routing_grad(t, eri)[0]),
+         lambda t: ops.moe_finalize_routing(t.repeat(2, 1), eri, k=2, drop_pad_mode=2)),
+        ("moe_finalize_routing_grad", lambda t: ops.moe_finalize_routing_grad(t, eri)[0]),
     ]
 
 
+# The argument that f of _one_call_of_each_operator passes t as.
+_DIFFERENTIATED_ARGUMENT = ["x", "x", "grad_expanded_x", "expanded_x", "grad_y"]
+
+
+@pytest.mark.parametrize("ops", ["public", "raw"])
 @pytest.mark.parametrize("index", range(5))
-def test_forward_mode_ad_is_refused(index):
+def test_forward_mode_ad_is_refused(index, ops):
     # The operators have no forward derivative; PyTorch's kernel for custom operators ran them on
-    # the primal alone, so the tangent was dropped: jvp returned zeros, a dual output had none.
+    # the primal alone, so the tangent was dropped: jvp returned zeros, a dual output had none. The
+    # public functions refused it; the raw torch.ops.moe_routing operators still dropped it, in
+    # every mode and transform below.
     import torch.autograd.forward_ad as fwAD
-    name, f = _one_call_of_each_operator()[index]
+    name, f = _one_call_of_each_operator(moe_routing if ops == "public" else torch.ops.moe_routing)[index]
+    message = (rf"^{name}: forward-mode AD \(torch.func.jvp, jacfwd, torch.autograd.forward_ad\) is not "
+               f"supported, got {_DIFFERENTIATED_ARGUMENT[index]} with a tangent; differentiate in reverse mode")
     x = torch.arange(6.0).view(3, 2)
-    with pytest.raises(NotImplementedError, match=f"^{name}: forward-mode AD .* not supported"):
+    with pytest.raises(NotImplementedError, match=message):
         torch.func.jvp(f, (x,), (torch.ones_like(x),))
-    with fwAD.dual_level():
-        with pytest.raises(NotImplementedError, match=f"^{name}: forward-mode AD .* not supported"):
-            f(fwAD.make_dual(x, torch.ones_like(x)))
-    # Without a tangent the call runs: torch.func.vmap batches it as a loop of calls would.
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(f, (x.clone().requires_grad_(),), (torch.ones_like(x),))
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jacfwd(f)(x)
     batch = torch.arange(12.0).view(2, 3, 2)
+    with pytest.raises(NotImplementedError, match=message):  # the public functions' check raised a RuntimeError
+        torch.func.jvp(torch.func.vmap(f), (batch,), (torch.ones_like(batch),))
+    # In grad mode or not; with an input that requires grad, autograd records the call, whose
+    # autograd.Function hides the tangent from the operator (PyTorch's message spoke of a jvp
+    # method of an autograd.Function the caller never wrote).
+    for grad_mode in (torch.enable_grad, torch.no_grad):
+        for requires_grad in (False, True):
+            with fwAD.dual_level(), grad_mode():
+                primal = x.clone().requires_grad_(requires_grad)
+                with pytest.raises(NotImplementedError, match=message):
+                    f(fwAD.make_dual(primal, torch.ones_like(x)))
+                assert torch.equal(f(primal), f(x))  # a dual level without tangents: the call runs
+    # Without a tangent the call runs: torch.func.vmap batches it as a loop of calls would.
     assert torch.equal(torch.func.vmap(f)(batch), torch.stack([f(b) for b in batch]))
+
+
+@pytest.mark.parametrize("ops", ["public", "raw"])
+def test_forward_mode_ad_under_inference_mode_is_left_out_as_by_pytorch(ops):
+    # Inference mode turns autograd off, forward mode too: torch.sin of a dual tensor has no
+    # tangent there, and neither has an operator's output (nothing is refused or computed).
+    import torch.autograd.forward_ad as fwAD
+    x = torch.arange(6.0).view(3, 2)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with torch.inference_mode():
+            assert fwAD.unpack_dual(torch.sin(dual)).tangent is None
+            for _, f in _one_call_of_each_operator(moe_routing if ops == "public" else torch.ops.moe_routing):
+                out = f(dual)
+                assert fwAD.unpack_dual(out).tangent is None and torch.equal(out, f(x))
 
 
 @pytest.mark.parametrize("index", range(5))

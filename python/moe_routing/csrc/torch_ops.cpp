@@ -741,17 +741,15 @@ void moe_finalize_routing_grad_out(const at::Tensor& grad_y, const at::Tensor& e
                                  false, false, out);
 }
 
-/// Autograd kernel of the out= overloads: like PyTorch's own out= operators they are not
-/// differentiable, so with grad mode on, any argument that requires grad (an input, or an out=
-/// tensor such as a leaf parameter that would be overwritten behind autograd's back) is an error
-/// with PyTorch's message. An argument with a forward-mode tangent (torch.func.jvp,
-/// torch.autograd.forward_ad; in grad mode or not) is a NotImplementedError, as PyTorch's out=
-/// operators raise: without the check the tangent was dropped and jvp returned zeros. Otherwise
-/// the call goes on to the device kernel.
-void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                           torch::jit::Stack* stack) {
+/// Refuses a call with a forward-mode tangent on any tensor argument (torch.func.jvp, jacfwd,
+/// torch.autograd.forward_ad; in grad mode or not) with a NotImplementedError naming the operator
+/// and the argument: the operators have no forward derivative, and PyTorch's autograd kernel of
+/// custom operators runs them on the primal alone, so the tangent was silently dropped (jvp
+/// returned zeros, a dual output had none). `out` says whether the call is an out= overload (not
+/// differentiable in any mode, as PyTorch's out= operators).
+void refuse_forward_ad(const c10::OperatorHandle& op, const torch::jit::Stack& stack, bool out) {
   const std::vector<c10::Argument>& arguments = op.schema().arguments();
-  const auto first = stack->end() - static_cast<std::ptrdiff_t>(arguments.size());
+  const auto first = stack.end() - static_cast<std::ptrdiff_t>(arguments.size());
   for (size_t i = 0; i < arguments.size(); ++i) {
     const c10::IValue& arg = first[static_cast<std::ptrdiff_t>(i)];
     if (arg.isTensor() && arg.toTensor().defined() &&
@@ -760,14 +758,43 @@ void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet ke
       TORCH_CHECK_NOT_IMPLEMENTED(
           false, name.substr(name.find("::") + 2),
           ": forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not "
-          "supported with out= (out= calls are not differentiable), got ",
+          "supported",
+          out ? " with out= (out= calls are not differentiable)" : "", ", got ",
           arguments[i].name(),
           " with a tangent; differentiate in reverse mode with torch.autograd (backward, "
-          "torch.autograd.grad), without out=");
+          "torch.autograd.grad)",
+          out ? ", without out=" : "");
     }
   }
+}
+
+/// ADInplaceOrView kernel of the functional operators: refuse_forward_ad, then the device
+/// kernel. Their Autograd kernel is the Python one of torch.library.register_autograd
+/// (_autograd.py), which hands a call with no input requiring grad - the case of a dual tensor -
+/// on below the Autograd key with the tangents still attached; this key runs next, also under the
+/// public functions' fast path (torch._C._AutoDispatchBelowAutograd excludes only the Autograd
+/// keys) and under torch.func.jvp / jacfwd (the transform's wrappers carry the tangent at level
+/// 0). Where an input requires grad in grad mode, register_autograd's autograd.Function runs the
+/// call with forward grad mode off, which hides the tangents here: _autograd.py refuses that
+/// path in setup_context. Inference mode skips this key, as it skips PyTorch's forward AD for its
+/// own operators (torch.sin of a dual tensor there has no tangent either).
+void functional_refuse_forward_ad(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                                  torch::jit::Stack* stack) {
+  refuse_forward_ad(op, *stack, /*out=*/false);
+  op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+}
+
+/// Autograd kernel of the out= overloads: like PyTorch's own out= operators they are not
+/// differentiable, so with grad mode on, any argument that requires grad (an input, or an out=
+/// tensor such as a leaf parameter that would be overwritten behind autograd's back) is an error
+/// with PyTorch's message. An argument with a forward-mode tangent is refused (refuse_forward_ad),
+/// as PyTorch's out= operators do: without the check the tangent was dropped and jvp returned
+/// zeros. Otherwise the call goes on to the device kernel.
+void out_overload_autograd(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                           torch::jit::Stack* stack) {
+  refuse_forward_ad(op, *stack, /*out=*/true);
   if (at::GradMode::is_enabled()) {
-    const size_t num_args = arguments.size();
+    const size_t num_args = op.schema().arguments().size();
     for (auto arg = stack->end() - num_args; arg != stack->end(); ++arg) {
       if (arg->isTensor() && arg->toTensor().requires_grad()) {
         const std::string& name = op.schema().name();
@@ -916,9 +943,17 @@ constexpr const char* kOutOverloads[] = {"moe_init_routing_grad.out", "moe_init_
                                          "moe_finalize_routing.out",
                                          "moe_finalize_routing_grad.out"};
 
+/// The functional operators, whose Autograd kernel is registered from Python (_autograd.py): their
+/// refusal of forward-mode AD runs at ADInplaceOrView, below it.
+constexpr const char* kFunctionalOps[] = {"moe_init_routing_grad", "moe_init_routing_v2",
+                                          "moe_init_routing", "moe_finalize_routing",
+                                          "moe_finalize_routing_grad"};
+
 TORCH_LIBRARY_IMPL(moe_routing, ADInplaceOrView, m) {
   for (const char* op : kOutOverloads)
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_bump_versions>());
+  for (const char* op : kFunctionalOps)
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&functional_refuse_forward_ad>());
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {
