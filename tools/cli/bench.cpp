@@ -568,14 +568,11 @@ class BenchCommand : public Command {
     std::vector<ModelShape> shapes;
     for (const ModelShape& s : kModelShapes)
       if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
-    const bool do_grad = op_ == "all" || op_ == "grad";
-    const bool do_forward = op_ == "all" || op_ == "init-routing";
-    const bool do_finalize = op_ == "all" || op_ == "finalize";
-    const bool do_finalize_grad = op_ == "all" || op_ == "finalize-grad";
+    const SweepOps ops{op_ == "all" || op_ == "grad", op_ == "all" || op_ == "init-routing",
+                       op_ == "all" || op_ == "finalize", op_ == "all" || op_ == "finalize-grad"};
     // A sweep whose largest row cannot fit is refused before anything is allocated (past the
     // memory there is, the OS kills the process without a word, or the allocation throws).
     {
-      const SweepOps ops{do_grad, do_forward, do_finalize, do_finalize_grad};
       double most = 0.0;
       const ModelShape* largest = nullptr;
       int64_t largest_n = 0;
@@ -596,8 +593,8 @@ class BenchCommand : public Command {
     const bool can_measure_memory = reset_peak_rss();
 
     const size_t total = shapes.size() * token_counts.size() *
-                         ((do_grad ? 3 : 0) + (do_forward ? 2 : 0) + (do_finalize ? 1 : 0) +
-                          (do_finalize_grad ? 1 : 0));
+                         ((ops.grad ? 3 : 0) + (ops.forward ? 2 : 0) + (ops.finalize ? 1 : 0) +
+                          (ops.finalize_grad ? 1 : 0));
     Numerics numerics = Numerics::atlas_a2;
     parse_numerics(numerics_.c_str(), &numerics);  // the parser admitted only valid names
     ExecConfig reference;
@@ -714,7 +711,7 @@ class BenchCommand : public Command {
         base.hidden = H;
         base.experts = E;
         base.top_k = K;
-        if (do_grad) {
+        if (ops.grad) {
           for (GradProblem& problem : grad_problems(expert_idx, n, K, E, H)) {
             int64_t source_rows = 1;
             for (size_t d = 0; d + 1 < problem.grad_shape.size(); ++d)
@@ -746,7 +743,7 @@ class BenchCommand : public Command {
             if (!s.is_ok()) return report_error(s);
           }
         }
-        if (do_forward) {
+        if (ops.forward) {
           std::vector<uint8_t> x = random_floats(n * H, dtype, 9);
           std::vector<int32_t> idx_copy = expert_idx;
           for (int drop_pad = 0; drop_pad < 2; ++drop_pad) {
@@ -795,7 +792,7 @@ class BenchCommand : public Command {
             if (!s.is_ok()) return report_error(s);
           }
         }
-        if (do_finalize || do_finalize_grad) {
+        if (ops.finalize || ops.finalize_grad) {
           // The combine of the dispatch's dropless output: expanded_x [N*K, H] in the row layout
           // of moe_init_routing_v2 (expanded_row_idx maps pair p to its sorted row), float32
           // scales [N, K].
@@ -812,7 +809,7 @@ class BenchCommand : public Command {
           const TensorView ev(expanded.data, dtype, {R, H});
           const TensorView rv(const_cast<int32_t*>(rows_of_pairs.data()), DType::int32, {R});
           const TensorView sv(scales.data, scales_dtype, {n, K});
-          if (do_finalize) {
+          if (ops.finalize) {
             MoeFinalizeRoutingInputs in;
             in.expanded_x = ev;
             in.expanded_row_idx = rv;
@@ -834,7 +831,7 @@ class BenchCommand : public Command {
                 {&out});
             if (!s.is_ok()) return report_error(s);
           }
-          if (do_finalize_grad) {
+          if (ops.finalize_grad) {
             AlignedBuffer grad_y = aligned_random_floats(n * H, dtype, 17);
             MoeFinalizeRoutingGradInputs in;
             in.grad_y = TensorView(grad_y.data, dtype, {n, H});

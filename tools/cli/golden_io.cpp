@@ -12,12 +12,9 @@
 #include "file_io.h"
 
 namespace moe_routing::cli {
-namespace {
 
-/// Creates `dir` and its missing parents; appends each directory it created to `created`
-/// (deepest last).
 Status make_directories(const std::string& command, const std::string& dir,
-                        std::vector<std::string>* created) {
+                        std::vector<std::string>* created, MakeDirectory make_directory) {
   std::string path;
   size_t position = 0;
   while (position <= dir.size()) {
@@ -27,21 +24,23 @@ Status make_directories(const std::string& command, const std::string& dir,
     position = end + 1;
     if (path.empty() || path == "." || path == "..") continue;
     struct stat info;
-    if (::stat(path.c_str(), &info) == 0) {
-      if (!S_ISDIR(info.st_mode))
-        return invalid_argument("moe-routing: ", command, ": --out-dir must be a directory, got '",
-                                path, "', which is a file");
-      continue;
+    if (::stat(path.c_str(), &info) != 0) {
+      if (make_directory(path.c_str(), 0777) == 0) {
+        created->push_back(path);
+        continue;
+      }
+      // EEXIST: another process created it since our stat(). Not ours to remove on failure, and
+      // a directory is required of it as of one that was there before.
+      if (errno != EEXIST || ::stat(path.c_str(), &info) != 0)
+        return invalid_argument("moe-routing: ", command, ": --out-dir must be creatable, got '",
+                                std::strerror(errno), "' for '", path, "'");
     }
-    if (::mkdir(path.c_str(), 0777) != 0 && errno != EEXIST)
-      return invalid_argument("moe-routing: ", command, ": --out-dir must be creatable, got '",
-                              std::strerror(errno), "' for '", path, "'");
-    created->push_back(path);
+    if (!S_ISDIR(info.st_mode))
+      return invalid_argument("moe-routing: ", command, ": --out-dir must be a directory, got '",
+                              path, "', which is a file");
   }
   return Status::ok();
 }
-
-}  // namespace
 
 const char* const kBackendHelp =
     "implementation: automatic (CPU kernels), reference (plain loops) or cpu; all give the same "
@@ -106,13 +105,13 @@ TensorView Input::view() {
 }
 
 int write_outputs(const std::string& command, const std::string& dir,
-                  const std::vector<Output>& outputs) {
+                  const std::vector<Output>& outputs, MakeDirectory make_directory) {
   std::vector<npy::OutputFile> files;
   for (const Output& output : outputs)
     if (output.spec.produced)
       files.push_back({dir + "/" + output.name + ".npy", &output.array, "--out-dir"});
   std::vector<std::string> created;
-  Status s = make_directories(command, dir, &created);
+  Status s = make_directories(command, dir, &created, make_directory);
   if (s.is_ok()) s = npy::write_all(files);
   if (!s.is_ok()) {
     for (auto it = created.rbegin(); it != created.rend(); ++it) ::rmdir(it->c_str());

@@ -4,6 +4,8 @@
 // (docs/reliability.md).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -56,11 +58,21 @@ struct Input {
   TensorView view();
 };
 
+/// How directories are created: ::mkdir, or in tests one that plays another process creating the
+/// same path at the same moment.
+using MakeDirectory = int (*)(const char* path, mode_t mode);
+
+/// Creates `dir` and its missing parents, appending each directory that this call's mkdir created
+/// to `created` (deepest last); one that another process creates meanwhile is used, not recorded.
+/// An error when a component is not a directory or cannot be created.
+Status make_directories(const std::string& command, const std::string& dir,
+                        std::vector<std::string>* created, MakeDirectory make_directory = ::mkdir);
+
 /// Writes every produced output as `<dir>/<name>.npy`, all or nothing: the directory (and missing
-/// parents) is created, the files are written as one set (npy::write_all: on failure the files
-/// previously there are as they were), and on failure every directory this call created is
-/// removed again. Prints one line per file written. Returns the exit status.
+/// parents) is created (make_directories()), the files are written as one set (npy::write_all: on
+/// failure the files previously there are as they were), and on failure every directory this call
+/// created is removed again. Prints one line per file written. Returns the exit status.
 int write_outputs(const std::string& command, const std::string& dir,
-                  const std::vector<Output>& outputs);
+                  const std::vector<Output>& outputs, MakeDirectory make_directory = ::mkdir);
 
 }  // namespace moe_routing::cli
