@@ -37,6 +37,11 @@ def refuse_forward_ad(function: str, tensors: Iterable[Tuple[str, object]]) -> N
         return
     with _forward_ad._set_fwd_grad_enabled(True):
         for name, value in tensors:
+            # Under torch.func.vmap the tensor is a batched wrapper, whose unpack_dual has no batching rule
+            # (jvp of vmap raised "Batching rule not implemented for aten::_unpack_dual"): the tangent is on the
+            # tensor it wraps.
+            while isinstance(value, torch.Tensor) and torch._C._functorch.is_batchedtensor(value):
+                value = torch._C._functorch.get_unwrapped(value)
             if isinstance(value, torch.Tensor) and _forward_ad.unpack_dual(value).tangent is not None:
                 raise NotImplementedError(
                     f"{function}: forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is not "

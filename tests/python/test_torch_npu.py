@@ -797,6 +797,12 @@ def test_token_unpermute_under_torch_func_transforms(numerics):
     with fwAD.dual_level():
         with pytest.raises(NotImplementedError, match=message):
             f(permuted, fwAD.make_dual(probs, torch.ones_like(probs)))
+    # Nested with vmap both ways: under jvp of vmap, atlas_a2's check raised "Batching rule not implemented for
+    # aten::_unpack_dual" (the tangent is on the tensor the batched one wraps).
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.jvp(torch.func.vmap(lambda r: f(r, probs)), (rows_batch,), (torch.ones_like(rows_batch),))
+    with pytest.raises(NotImplementedError, match=message):
+        torch.func.vmap(lambda r: torch.func.jvp(lambda x: f(x, probs), (r,), (torch.ones_like(r),)))(rows_batch)
     refused = "^npu_moe_token_unpermute: torch.func's differentiating transforms"
     with pytest.raises(NotImplementedError, match=refused):
         torch.func.grad(lambda r: f(r, probs).sum())(permuted)
