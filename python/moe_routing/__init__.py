@@ -18,10 +18,10 @@ from . import _autograd  # noqa: F401
 from ._api import (moe_finalize_routing, moe_finalize_routing_grad, moe_init_routing, moe_init_routing_grad,
                    moe_init_routing_v2)
 from . import ops
-from ._cache import empty_cache, output_cache_stats, set_output_cache_limit
+from ._cache import empty_cache, output_cache_stats, set_huge_pages, set_output_cache_limit
 
 __version__ = "0.1.0"
 
 __all__ = ["moe_init_routing", "moe_init_routing_grad", "moe_init_routing_v2", "moe_finalize_routing",
            "moe_finalize_routing_grad", "ops", "empty_cache", "output_cache_stats", "set_output_cache_limit",
-           "__version__"]
+           "set_huge_pages", "__version__"]

@@ -1,6 +1,7 @@
 // Huge-page advice for the output buffers a front end allocates (core/memory_hints.h).
 #include "core/memory_hints.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -11,13 +12,30 @@
 
 namespace moe_routing::detail {
 
+bool huge_pages_from_env(const char* value) {
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}
+
+namespace {
+/// The setting, read from the environment once, at the first use (a thread-safe static): a
+/// getenv while another thread sets a variable (Python's os.environ[...] = ..., with the torch
+/// binding's calls running without the GIL) is undefined behaviour.
+std::atomic<bool>& huge_pages_setting() {
+  static std::atomic<bool> enabled{huge_pages_from_env(std::getenv("MOE_ROUTING_HUGE_PAGES"))};
+  return enabled;
+}
+}  // namespace
+
 bool huge_pages_enabled() {
 #if defined(__linux__)
-  const char* setting = std::getenv("MOE_ROUTING_HUGE_PAGES");
-  return setting == nullptr || std::strcmp(setting, "0") != 0;
+  return huge_pages_setting().load(std::memory_order_relaxed);
 #else
   return false;
 #endif
+}
+
+void set_huge_pages_enabled(bool enabled) {
+  huge_pages_setting().store(enabled, std::memory_order_relaxed);
 }
 
 #if defined(__linux__)

@@ -31,9 +31,19 @@ constexpr int64_t kStreamingStoreMaxBytes = int64_t(32) << 20;
 /// Tests only: overrides the threshold (bytes > 0), or restores the default (0).
 void set_streaming_store_threshold_for_testing(int64_t bytes);
 
-/// Whether advise_huge_pages gives advice: on Linux, unless the environment variable
-/// MOE_ROUTING_HUGE_PAGES is "0" (read on every call, so that a process may change it).
+/// Whether advise_huge_pages gives advice (and the output cache advises its new memory): on
+/// Linux, unless the environment variable MOE_ROUTING_HUGE_PAGES is "0" - read once, at the first
+/// use, as the library's other variables are (a getenv racing another thread's setenv is
+/// undefined behaviour) - or set_huge_pages_enabled replaced it. Thread-safe.
 bool huge_pages_enabled();
+
+/// Turns the huge-page advice on or off for the process from now on (off Linux there is none).
+/// What a process changes at run time instead of the environment. Thread-safe.
+void set_huge_pages_enabled(bool enabled);
+
+/// The setting MOE_ROUTING_HUGE_PAGES's value (nullptr: unset) gives: on unless it is "0".
+/// Exposed for tests (the variable is read once per process).
+bool huge_pages_from_env(const char* value);
 
 /// Buffers smaller than this get no huge-page advice: they hold at most one aligned 2 MiB page,
 /// and buffers of such sizes often come from the allocator's reused heap.

@@ -107,26 +107,40 @@ bool advised_huge(const void* address) {
   return false;
 }
 
-/// Sets MOE_ROUTING_HUGE_PAGES for a scope (unset: the default), restoring it after.
+/// Turns the huge-page advice on or off for a scope (detail::set_huge_pages_enabled), restoring
+/// the setting after.
 class HugePagesSetting {
  public:
-  explicit HugePagesSetting(const char* value) {
-    const char* old = std::getenv("MOE_ROUTING_HUGE_PAGES");
+  explicit HugePagesSetting(bool enabled) : old_(detail::huge_pages_enabled()) {
+    detail::set_huge_pages_enabled(enabled);
+  }
+  ~HugePagesSetting() { detail::set_huge_pages_enabled(old_); }
+
+ private:
+  bool old_;
+};
+
+/// Sets an environment variable for a scope (nullptr: unset), restoring it after.
+class EnvironmentVariable {
+ public:
+  EnvironmentVariable(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
     had_ = old != nullptr;
     if (had_) old_ = old;
     if (value)
-      ::setenv("MOE_ROUTING_HUGE_PAGES", value, 1);
+      ::setenv(name, value, 1);
     else
-      ::unsetenv("MOE_ROUTING_HUGE_PAGES");
+      ::unsetenv(name);
   }
-  ~HugePagesSetting() {
+  ~EnvironmentVariable() {
     if (had_)
-      ::setenv("MOE_ROUTING_HUGE_PAGES", old_.c_str(), 1);
+      ::setenv(name_, old_.c_str(), 1);
     else
-      ::unsetenv("MOE_ROUTING_HUGE_PAGES");
+      ::unsetenv(name_);
   }
 
  private:
+  const char* name_;
   bool had_ = false;
   std::string old_;
 };
@@ -135,7 +149,7 @@ TEST(MemoryHints, HugePageAdviceCoversTheAlignedInteriorOfLargeBuffersOnly) {
   const bool thp = std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good();
   const size_t huge = size_t(2) << 20;
   {
-    const HugePagesSetting setting(nullptr);  // the default: on
+    const HugePagesSetting setting(true);
     ASSERT_TRUE(detail::huge_pages_enabled());
     // 4096 bytes past a 2 MiB boundary, 9 MiB long: the interior is [2 MiB, 8 MiB) from the
     // boundary, three huge pages; the head and the tail keep their pages.
@@ -173,15 +187,33 @@ TEST(MemoryHints, HugePageAdviceCoversTheAlignedInteriorOfLargeBuffersOnly) {
     EXPECT_FALSE(detail::advise_huge_pages(nullptr, int64_t(9) << 20));
   }
   {
-    const HugePagesSetting setting("0");
+    const HugePagesSetting setting(false);
     EXPECT_FALSE(detail::huge_pages_enabled());
     FreshMapping buffer(size_t(9) << 20);
     EXPECT_FALSE(detail::advise_huge_pages(buffer.data(), int64_t(9) << 20));
     EXPECT_FALSE(advised_huge(buffer.data())) << vm_flags(buffer.data());
   }
-  {
-    const HugePagesSetting setting("1");  // anything but "0" leaves it on
-    EXPECT_TRUE(detail::huge_pages_enabled());
+}
+
+TEST(MemoryHints, TheEnvironmentTurnsHugePagesOffWithZeroOnly) {
+  EXPECT_TRUE(detail::huge_pages_from_env(nullptr));  // unset: the default, on
+  EXPECT_FALSE(detail::huge_pages_from_env("0"));
+  EXPECT_TRUE(detail::huge_pages_from_env("1"));  // anything but "0" leaves it on
+  EXPECT_TRUE(detail::huge_pages_from_env(""));
+  EXPECT_TRUE(detail::huge_pages_from_env("00"));
+}
+
+// MOE_ROUTING_HUGE_PAGES is read once: a getenv on every allocation raced other threads' setenv
+// (undefined behaviour; the torch binding's calls run without the GIL while Python threads may set
+// os.environ). After the first use only set_huge_pages_enabled changes the setting.
+TEST(MemoryHints, HugePagesFollowTheSetterNotTheEnvironmentAfterTheFirstUse) {
+  const HugePagesSetting restore(detail::huge_pages_enabled());  // the first use, at the latest
+  for (const bool enabled : {true, false}) {
+    detail::set_huge_pages_enabled(enabled);
+    for (const char* value : {"0", "1", static_cast<const char*>(nullptr)}) {
+      const EnvironmentVariable variable("MOE_ROUTING_HUGE_PAGES", value);
+      EXPECT_EQ(detail::huge_pages_enabled(), enabled) << (value ? value : "(unset)");
+    }
   }
 }
 

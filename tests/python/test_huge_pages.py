@@ -1,8 +1,10 @@
 """The functional operators' new outputs: large CPU ones come from the output cache (moe_routing.empty_cache,
 set_output_cache_limit, MOE_ROUTING_OUTPUT_CACHE_MB), reused once freed; new memory gets huge pages asked for
-(MOE_ROUTING_HUGE_PAGES, default on); and the same bits as the out= calls whatever a reused buffer held."""
+(moe_routing.set_huge_pages, MOE_ROUTING_HUGE_PAGES read once, default on); and the same bits as the out= calls
+whatever a reused buffer held."""
 import gc
 import os
+import sys
 
 import pytest
 import torch
@@ -14,14 +16,12 @@ HUGE = 2 << 20
 
 
 @pytest.fixture
-def huge_pages(monkeypatch):
-    """Sets MOE_ROUTING_HUGE_PAGES for the test (the library reads it on every allocation)."""
-    def set_to(value):
-        if value is None:
-            monkeypatch.delenv("MOE_ROUTING_HUGE_PAGES", raising=False)
-        else:
-            monkeypatch.setenv("MOE_ROUTING_HUGE_PAGES", value)
-    return set_to
+def huge_pages():
+    """Turns the huge-page advice on or off for the test (moe_routing.set_huge_pages), restoring the setting
+    after."""
+    before = torch.ops.moe_routing._huge_pages_enabled()
+    yield moe_routing.set_huge_pages
+    moe_routing.set_huge_pages(before)
 
 
 @pytest.fixture
@@ -70,24 +70,62 @@ def forward_case(n=160, k=4, e=16, h=4100, dtype=torch.bfloat16):  # expanded_x 
 def test_new_outputs_get_huge_pages_advised_unless_turned_off(huge_pages, output_cache):
     x, idx = forward_case(n=1024, k=8, e=64, h=4096)  # expanded_x of 64 MiB
     # From the output cache: new memory of its own, advised as it is mapped.
-    for setting in (None, "0"):
-        huge_pages(setting)
+    for enabled in (True, False):
+        huge_pages(enabled)
         moe_routing.empty_cache()
         expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=64)[0]
         assert expanded_x.nbytes == 64 << 20
-        assert ("hg" in vm_flags(interior(expanded_x))) == (THP and setting is None)
+        assert ("hg" in vm_flags(interior(expanded_x))) == (THP and enabled)
         del expanded_x
     # The cache off: from PyTorch's allocator (glibc maps it anew for every call, so each
     # allocation's advice is its own), advised after it.
     moe_routing.set_output_cache_limit(0)
-    huge_pages(None)
+    huge_pages(True)
     expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=64)[0]
     assert ("hg" in vm_flags(interior(expanded_x))) == THP
     del expanded_x
-    huge_pages("0")
+    huge_pages(False)
     expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=64)[0]
     if not os.environ.get("THP_MEM_ALLOC_ENABLE"):  # PyTorch's own advice would set the flag
         assert "hg" not in vm_flags(interior(expanded_x))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_the_environment_is_not_read_again_once_huge_pages_were_used(huge_pages, output_cache, monkeypatch):
+    # Before: MOE_ROUTING_HUGE_PAGES was read on every allocation, with the GIL released, racing other threads'
+    # os.environ[...] = ... (undefined behaviour in C); here the variable set now turned the advice off.
+    x, idx = forward_case(n=1024, k=8, e=64, h=4096)  # expanded_x of 64 MiB
+    huge_pages(True)
+    monkeypatch.setenv("MOE_ROUTING_HUGE_PAGES", "0")
+    expanded_x = moe_routing.moe_init_routing(x, idx, expert_num=64)[0]
+    assert ("hg" in vm_flags(interior(expanded_x))) == THP
+    assert torch.ops.moe_routing._huge_pages_enabled()
+
+
+def test_the_environment_sets_huge_pages_at_the_first_use_and_set_huge_pages_after():
+    import subprocess
+    import sys
+    script = ("import os, moe_routing, torch\n"
+              "enabled = torch.ops.moe_routing._huge_pages_enabled\n"
+              "first = enabled()\n"
+              "os.environ['MOE_ROUTING_HUGE_PAGES'] = '1'\n"
+              "later = enabled()\n"
+              "moe_routing.set_huge_pages(True)\n"
+              "print(first, later, enabled())\n")
+    env = dict(os.environ, MOE_ROUTING_HUGE_PAGES="0")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "True"]
+
+
+@pytest.mark.parametrize("bad", [1, "0", None, 1.0], ids=["int", "str", "None", "float"])
+def test_set_huge_pages_takes_a_bool_only(huge_pages, bad):
+    before = torch.ops.moe_routing._huge_pages_enabled()
+    with pytest.raises(ValueError, match=f"set_huge_pages: enabled must be a bool, got {bad!r}"):
+        moe_routing.set_huge_pages(bad)
+    assert torch.ops.moe_routing._huge_pages_enabled() == before
+    for enabled in (False, True, False):
+        moe_routing.set_huge_pages(enabled)
+        assert torch.ops.moe_routing._huge_pages_enabled() == (enabled and sys.platform == "linux")
 
 
 def test_freed_outputs_are_reused_and_the_cache_keeps_within_its_limit(output_cache):
@@ -180,9 +218,9 @@ def poisoned(make):
     return result
 
 
-@pytest.mark.parametrize("setting", [None, "0", "no-cache"], ids=["advised", "off", "no-cache"])
+@pytest.mark.parametrize("setting", [True, False, "no-cache"], ids=["advised", "off", "no-cache"])
 def test_functional_calls_equal_out_calls_bit_for_bit(huge_pages, output_cache, setting):
-    huge_pages(None if setting == "no-cache" else setting)
+    huge_pages(setting is not False)
     if setting == "no-cache":
         moe_routing.set_output_cache_limit(0)
     x, idx = forward_case()

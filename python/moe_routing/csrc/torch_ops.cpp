@@ -260,6 +260,11 @@ void set_output_cache_limit(int64_t bytes) {
 
 void empty_output_cache() { moe_routing::detail::empty_output_cache(); }
 
+/// Whether new CPU outputs get huge pages asked for (MOE_ROUTING_HUGE_PAGES at the first use, read
+/// once; _set_huge_pages replaces it without touching the environment).
+bool huge_pages_enabled() { return moe_routing::detail::huge_pages_enabled(); }
+void set_huge_pages(bool enabled) { moe_routing::detail::set_huge_pages_enabled(enabled); }
+
 /// One operator call on the device of its first input: every tensor must be there. Holds the
 /// device current for the call (a no-op on the CPU) and converts tensors for the core.
 class Call {
@@ -311,8 +316,9 @@ class Call {
   /// freed output of about that size left in place, else new memory with huge pages asked for.
   /// With the cache off (MOE_ROUTING_OUTPUT_CACHE_MB=0) it comes from PyTorch's allocator, with
   /// huge pages asked for before anything touches it (detail::advise_huge_pages;
-  /// MOE_ROUTING_HUGE_PAGES=0 turns that off). The first touch of new pages - for a
-  /// training-size expanded_x longer than the kernel itself - is then paid once, not per call.
+  /// moe_routing.set_huge_pages(False) or MOE_ROUTING_HUGE_PAGES=0 turns that off). The first
+  /// touch of new pages - for a training-size expanded_x longer than the kernel itself - is then
+  /// paid once, not per call.
   at::Tensor output(const char* name, at::IntArrayRef shape, DType core_type,
                     const at::Tensor* out) const {
     const at::ScalarType dtype = torch_dtype(core_type);
@@ -920,6 +926,8 @@ TORCH_LIBRARY(moe_routing, m) {
   m.def("_output_cache_stats() -> int[]", &output_cache_stats);
   m.def("_set_output_cache_limit(int bytes) -> ()", &set_output_cache_limit);
   m.def("_empty_output_cache() -> ()", &empty_output_cache);
+  m.def("_huge_pages_enabled() -> bool", &huge_pages_enabled);
+  m.def("_set_huge_pages(bool enabled) -> ()", &set_huge_pages);
   // A factory: its kernel is CompositeExplicitAutograd (below), so that under fake tensors and
   // torch.compile the fake kernel of _fake.py answers instead of real memory being allocated.
   m.def("_empty_from_output_cache(int[] shape, ScalarType dtype) -> Tensor");
