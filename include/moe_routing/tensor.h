@@ -126,7 +126,8 @@ struct ExecConfig {
 
 /// Library-wide default thread count for CPU kernels, 0 .. kMaxNumThreads (invalid argument
 /// otherwise, and the default stays). 0 restores the initial default: the
-/// MOE_ROUTING_NUM_THREADS environment variable if it is a whole number >= 1 (larger than
+/// MOE_ROUTING_NUM_THREADS environment variable (read once, at the first use of the thread
+/// count; not again here) if it is a whole number >= 1 (larger than
 /// kMaxNumThreads: kMaxNumThreads), else every core (at most kMaxNumThreads). No thread is
 /// started here: calls start what their work can use.
 Status set_num_threads(int num_threads);

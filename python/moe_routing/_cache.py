@@ -39,8 +39,8 @@ def set_output_cache_limit(limit_bytes: int) -> None:
 
 def set_huge_pages(enabled: bool) -> None:
     """Ask (``True``) or stop asking (``False``) for transparent huge pages for the new memory of large CPU
-    outputs, from now on, for the process. Replaces ``MOE_ROUTING_HUGE_PAGES``, which is read once, at the
-    first use: the library does not read the environment while operators run (a ``getenv`` racing another
+    outputs, from now on, for the process. Replaces ``MOE_ROUTING_HUGE_PAGES``, which is read once, when
+    moe_routing is imported: the library does not read the environment while operators run (a ``getenv`` racing another
     thread's ``os.environ[...] = ...`` is undefined behaviour in C). A bool (anything else is refused)."""
     if not isinstance(enabled, bool):
         raise ValueError(f"set_huge_pages: enabled must be a bool, got {enabled!r}")

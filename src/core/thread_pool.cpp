@@ -18,10 +18,16 @@ namespace {
 
 std::atomic<bool> refuse_thread_starts{false};
 
+/// MOE_ROUTING_NUM_THREADS, else every core: read once, at the first use (set_num_threads(0) read
+/// the variable again, a getenv that can race another thread's setenv and a default that moved
+/// with the environment).
 int initial_default_threads() {
-  const unsigned hw = std::thread::hardware_concurrency();
-  const int cores = hw == 0 ? 1 : int(std::min<unsigned>(hw, unsigned(kMaxNumThreads)));
-  return detail::num_threads_from_env(std::getenv("MOE_ROUTING_NUM_THREADS"), cores);
+  static const int value = [] {
+    const unsigned hw = std::thread::hardware_concurrency();
+    const int cores = hw == 0 ? 1 : int(std::min<unsigned>(hw, unsigned(kMaxNumThreads)));
+    return detail::num_threads_from_env(std::getenv("MOE_ROUTING_NUM_THREADS"), cores);
+  }();
+  return value;
 }
 
 std::atomic<ParallelForFn>& parallel_backend() {

@@ -28,6 +28,7 @@
 #include "cases/finalize_cases.h"
 #include "cases/grad_cases.h"
 #include "cases/mappings.h"
+#include "environment_variable.h"
 #include "routing_cases.h"
 #include "test_util.h"
 
@@ -118,31 +119,6 @@ class HugePagesSetting {
 
  private:
   bool old_;
-};
-
-/// Sets an environment variable for a scope (nullptr: unset), restoring it after.
-class EnvironmentVariable {
- public:
-  EnvironmentVariable(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    if (value)
-      ::setenv(name, value, 1);
-    else
-      ::unsetenv(name);
-  }
-  ~EnvironmentVariable() {
-    if (had_)
-      ::setenv(name_, old_.c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
 };
 
 TEST(MemoryHints, HugePageAdviceCoversTheAlignedInteriorOfLargeBuffersOnly) {

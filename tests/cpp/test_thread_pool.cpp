@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "environment_variable.h"
 #include "grad_cases.h"
 #include "ops/guard.h"
 #include "routing_cases.h"
@@ -105,6 +106,22 @@ TEST(ThreadPool, ThreadsForBytesFollowTheInstalledPool) {
 
 // The byte estimates' arithmetic: exact up to INT64_MAX inclusive, INT64_MAX beyond it (a fuzz
 // input, finalize with no rows and top_k near 2^63, once overflowed a plain product).
+// set_num_threads(0) restores the default read from MOE_ROUTING_NUM_THREADS at the first use. It
+// read the variable again: a getenv that can race another thread's setenv (the torch binding's
+// calls run without the GIL), and a default that moved with the environment.
+TEST(ThreadPool, RestoringTheDefaultDoesNotReadTheEnvironmentAgain) {
+  const int before = get_num_threads();  // the first use, at the latest
+  ASSERT_TRUE(set_num_threads(0).is_ok());
+  const int initial = get_num_threads();
+  {
+    const EnvironmentVariable variable("MOE_ROUTING_NUM_THREADS", initial == 3 ? "5" : "3");
+    ASSERT_TRUE(set_num_threads(7).is_ok());
+    ASSERT_TRUE(set_num_threads(0).is_ok());
+    EXPECT_EQ(get_num_threads(), initial);
+  }
+  ASSERT_TRUE(set_num_threads(before).is_ok());
+}
+
 TEST(ThreadPool, SaturatingArithmeticStopsAtInt64Max) {
   constexpr int64_t kMax = INT64_MAX;
   EXPECT_EQ(detail::saturating_mul(0, 0), 0);

@@ -117,6 +117,21 @@ def test_the_environment_sets_huge_pages_at_the_first_use_and_set_huge_pages_aft
     assert out.stdout.split() == ["False", "False", "True"]
 
 
+def test_the_environment_is_read_at_import_not_in_a_call():
+    # The first read of each variable ran inside the first operator call, which PyTorch makes without the GIL:
+    # a getenv that could race another Python thread's os.environ write. Now they are read while the extension
+    # loads, so a change between the import and the first call has no effect.
+    import subprocess
+    import sys
+    script = ("import os, moe_routing, torch\n"
+              "os.environ['MOE_ROUTING_HUGE_PAGES'] = '1'\n"
+              "os.environ['MOE_ROUTING_OUTPUT_CACHE_MB'] = '64'\n"
+              "print(torch.ops.moe_routing._huge_pages_enabled(), moe_routing.output_cache_stats()['limit_bytes'])\n")
+    env = dict(os.environ, MOE_ROUTING_HUGE_PAGES="0", MOE_ROUTING_OUTPUT_CACHE_MB="32")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", str(32 << 20)]
+
+
 @pytest.mark.parametrize("bad", [1, "0", None, 1.0], ids=["int", "str", "None", "float"])
 def test_set_huge_pages_takes_a_bool_only(huge_pages, bad):
     before = torch.ops.moe_routing._huge_pages_enabled()

@@ -265,6 +265,18 @@ void empty_output_cache() { moe_routing::detail::empty_output_cache(); }
 bool huge_pages_enabled() { return moe_routing::detail::huge_pages_enabled(); }
 void set_huge_pages(bool enabled) { moe_routing::detail::set_huge_pages_enabled(enabled); }
 
+/// The library's environment variables (MOE_ROUTING_HUGE_PAGES, MOE_ROUTING_OUTPUT_CACHE_MB,
+/// MOE_ROUTING_NUM_THREADS) are each read once, at their first use. That first use is here, while
+/// the extension loads under Python's import (the GIL held), not inside an operator call: PyTorch
+/// runs those without the GIL, while another Python thread may write os.environ, and a getenv
+/// racing a setenv is undefined behaviour.
+[[maybe_unused]] const bool kEnvironmentRead = [] {
+  moe_routing::detail::huge_pages_enabled();
+  moe_routing::detail::output_cache_limit();
+  moe_routing::get_num_threads();
+  return true;
+}();
+
 /// One operator call on the device of its first input: every tensor must be there. Holds the
 /// device current for the call (a no-op on the CPU) and converts tensors for the core.
 class Call {
