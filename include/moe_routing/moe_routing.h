@@ -274,7 +274,8 @@ mrStatus mrSetAccumulationOrder(mrExecutor* executor, mrAccumulationOrder order)
 /**
  * Sets the library-wide number of CPU threads the phases two of executors planned from now on
  * use (an executor keeps the count of its phase one). 0 restores the initial default:
- * the MOE_ROUTING_NUM_THREADS environment variable if it is a whole number >= 1 (larger than
+ * the MOE_ROUTING_NUM_THREADS environment variable (read once, at the first use of the thread
+ * count; not again here) if it is a whole number >= 1 (larger than
  * MR_MAX_NUM_THREADS: MR_MAX_NUM_THREADS), else every core (at most MR_MAX_NUM_THREADS). The
  * thread count never changes a result bit. No thread starts here: each phase one starts those
  * its call's work can use (about one per 2 MiB of memory traffic), and the pool keeps them.

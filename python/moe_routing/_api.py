@@ -85,11 +85,12 @@ def _int_argument_table(op):
 # Every operator's packet and overload (what _call and _functional are given) -> its int argument table, built
 # once here: the schema objects it comes from are C++ ones that torch.compile cannot trace, while this dict of
 # constants it can, so the bool check of _refuse_bool_for_int runs at trace time too, without a graph break.
-# Every public operator of the namespace is in it (the helpers whose names start with "_" take no user ints).
+# The public operators (tests/python/test_compile.py checks that these are all the extension defines; a name
+# read from the dispatcher at import would also take another library's registrations in the namespace).
+PUBLIC_OPERATORS = ("moe_init_routing", "moe_init_routing_v2", "moe_init_routing_grad", "moe_finalize_routing",
+                    "moe_finalize_routing_grad")
 _INT_ARGUMENTS = {op: _int_argument_table(op)
-                  for packet in (getattr(torch.ops.moe_routing, name) for name in sorted({
-                      qualified.split("::")[1].split(".")[0] for qualified in torch._C._dispatch_get_all_op_names()
-                      if qualified.startswith("moe_routing::") and not qualified.startswith("moe_routing::_")}))
+                  for packet in (getattr(torch.ops.moe_routing, name) for name in PUBLIC_OPERATORS)
                   for op in (packet, *(getattr(packet, overload) for overload in packet.overloads()))}
 
 

@@ -29,14 +29,24 @@ _grad = torch.ops.moe_routing.moe_init_routing_grad
 # own "You must implement the jvp function for custom autograd.Function". That path alone is
 # refused here, in setup_context, with the kernel's message.
 
+def _is_fake(value: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+    return bool(is_fake(value))
+
+
 def refuse_forward_ad(function: str, tensors: Iterable[Tuple[str, object]]) -> None:
     """A NotImplementedError naming `function` and the first of `tensors` ((name, value) pairs;
     non-tensors are passed over) that carries a forward-mode tangent, also where forward grad mode
-    is off (in an autograd.Function's forward or setup_context)."""
-    if _forward_ad._current_level < 0:  # no dual level is open: nothing to check
+    is off (in an autograd.Function's forward or setup_context). Inference mode is passed over, as the
+    operators' C++ check and PyTorch's forward AD for its own operators pass over it, and so are fake tensors
+    (torch.compile's tracing, FakeTensorMode): unpack_dual of one failed an internal assert inside a dual level,
+    with no tangent anywhere."""
+    if _forward_ad._current_level < 0 or torch.is_inference_mode_enabled():  # nothing to check
         return
     with _forward_ad._set_fwd_grad_enabled(True):
         for name, value in tensors:
+            if isinstance(value, torch.Tensor) and _is_fake(value):
+                continue
             # Under torch.func.vmap the tensor is a batched wrapper, whose unpack_dual has no batching rule
             # (jvp of vmap raised "Batching rule not implemented for aten::_unpack_dual"): the tangent is on the
             # tensor it wraps.

@@ -104,8 +104,6 @@ TEST(ThreadPool, ThreadsForBytesFollowTheInstalledPool) {
   EXPECT_EQ(detail::threads_for_bytes(4, 5 * MiB), 2);
 }
 
-// The byte estimates' arithmetic: exact up to INT64_MAX inclusive, INT64_MAX beyond it (a fuzz
-// input, finalize with no rows and top_k near 2^63, once overflowed a plain product).
 // set_num_threads(0) restores the default read from MOE_ROUTING_NUM_THREADS at the first use. It
 // read the variable again: a getenv that can race another thread's setenv (the torch binding's
 // calls run without the GIL), and a default that moved with the environment.
@@ -122,6 +120,8 @@ TEST(ThreadPool, RestoringTheDefaultDoesNotReadTheEnvironmentAgain) {
   ASSERT_TRUE(set_num_threads(before).is_ok());
 }
 
+// The byte estimates' arithmetic: exact up to INT64_MAX inclusive, INT64_MAX beyond it (a fuzz
+// input, finalize with no rows and top_k near 2^63, once overflowed a plain product).
 TEST(ThreadPool, SaturatingArithmeticStopsAtInt64Max) {
   constexpr int64_t kMax = INT64_MAX;
   EXPECT_EQ(detail::saturating_mul(0, 0), 0);

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import moe_routing
+import moe_routing.torch_npu
 from reference import assert_bitwise_equal, grad_reference, random_values
 
 
@@ -245,13 +246,50 @@ def test_forward_mode_ad_under_inference_mode_is_left_out_as_by_pytorch(ops):
     # tangent there, and neither has an operator's output (nothing is refused or computed).
     import torch.autograd.forward_ad as fwAD
     x = torch.arange(6.0).view(3, 2)
+    probs = torch.tensor([[0.5, 0.0], [1.0, 2.0], [0.25, 1.0]])
     with fwAD.dual_level():
         dual = fwAD.make_dual(x, torch.ones_like(x))
+        dual_probs = fwAD.make_dual(probs, torch.ones_like(probs))
         with torch.inference_mode():
             assert fwAD.unpack_dual(torch.sin(dual)).tangent is None
             for _, f in _one_call_of_each_operator(moe_routing if ops == "public" else torch.ops.moe_routing):
                 out = f(dual)
                 assert fwAD.unpack_dual(out).tangent is None and torch.equal(out, f(x))
+            # The torch_npu port's atlas_a2 combine checks in Python (its zero-scale skip): it refused there.
+            index = torch.tensor([3, 0, 5, 1, 2, 4], dtype=torch.int32)
+            rows = torch.arange(12.0).view(6, 2)
+            unpermute = moe_routing.torch_npu.npu_moe_token_unpermute
+            out = unpermute(rows, index, dual_probs, numerics="atlas_a2")
+            assert fwAD.unpack_dual(out).tangent is None
+            assert torch.equal(out, unpermute(rows, index, probs, numerics="atlas_a2"))
+
+
+@pytest.mark.parametrize("index", range(5))
+def test_a_dual_level_without_a_tangent_leaves_compile_and_fake_tensors_alone(index):
+    # Inside an open dual level (a JVP elsewhere in the model), the refusal's check in setup_context ran
+    # unpack_dual on fake tensors: torch.compile and FakeTensorMode failed an internal assert of PyTorch's
+    # (_fw_primal) with no tangent anywhere.
+    import torch.autograd.forward_ad as fwAD
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    name, f = _one_call_of_each_operator()[index]
+    x = torch.arange(6.0).view(3, 2)
+    # moe_finalize_routing_grad has no backward of its own (a second derivative), which aot_eager would trace.
+    twice = name != "moe_finalize_routing_grad"
+    leaf = x.clone().requires_grad_(twice)
+    expected = f(leaf)
+    if twice:
+        expected.sum().backward()
+    with fwAD.dual_level():
+        torch._dynamo.reset()
+        t = x.clone().requires_grad_(twice)
+        out = torch.compile(f, backend="aot_eager", fullgraph=True)(t)
+        assert_bitwise_equal(out, expected, name)
+        if twice:
+            out.sum().backward()
+            assert_bitwise_equal(t.grad, leaf.grad, name)
+        with FakeTensorMode():  # every tensor of the call made here, so fake
+            _, fake_call = _one_call_of_each_operator()[index]
+            assert fake_call(torch.arange(6.0).view(3, 2).requires_grad_()).shape == expected.shape
 
 
 @pytest.mark.parametrize("index", range(5))

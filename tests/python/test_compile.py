@@ -426,3 +426,29 @@ def test_symbolic_active_num_keeps_one_graph():
         got.sum().backward()
         assert torch.equal(eager, got) and torch.equal(eager_x.grad, compiled_x.grad)
     assert counter.frame_count == 1
+
+
+def test_the_bool_check_knows_every_public_operator():
+    # _api's table of int arguments is built from this list, not from the dispatcher's names at import (which
+    # would take another library's registrations in the namespace, and failed the import on one without a
+    # schema): a new operator must be added to it, and this says so.
+    from moe_routing._api import PUBLIC_OPERATORS
+    defined = {name.split("::")[1].split(".")[0] for name in torch._C._dispatch_get_all_op_names()
+               if name.startswith("moe_routing::") and not name.startswith("moe_routing::_")}
+    assert set(PUBLIC_OPERATORS) == defined
+
+
+def test_another_librarys_registrations_in_the_namespace_leave_the_import_alone():
+    # The table was built from every name the dispatcher knew in moe_routing::, at import: an implementation
+    # registered there by another library (no schema) or an operator with no default overload failed the import.
+    import subprocess
+    script = ("import torch\n"
+              "fragment = torch.library.Library('moe_routing', 'FRAGMENT')\n"
+              "fragment.define('extra.variant(Tensor x) -> Tensor')\n"
+              "impl = torch.library.Library('moe_routing', 'IMPL')\n"
+              "impl.impl('extra_backend_op', lambda x: x, 'CPU')\n"
+              "import moe_routing\n"
+              "print(moe_routing.moe_finalize_routing.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["moe_finalize_routing"]
