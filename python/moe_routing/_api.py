@@ -107,6 +107,11 @@ def _is_bool(value) -> bool:
     return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
+def bool_for_int_error(function: str, name: str, value) -> ValueError:
+    """The refusal of a bool given for the int argument `name` (PyTorch's schema would take it as 1 or 0)."""
+    return ValueError(f"{function}: {name} must be an int, got {value!r}")
+
+
 def _refuse_bool_for_int(op, args, kwargs):
     """A bool given for an int argument (drop_pad_mode=True, k=False) is a ValueError naming it, as the ports
     and the distributed layer refuse it: PyTorch's schema takes it as 1 or 0. A bool argument still takes one.
@@ -115,10 +120,10 @@ def _refuse_bool_for_int(op, args, kwargs):
     function, positional, names = _INT_ARGUMENTS[op]
     for i, name in positional:
         if i < len(args) and _is_bool(args[i]):
-            raise ValueError(f"{function}: {name} must be an int, got {args[i]!r}")
+            raise bool_for_int_error(function, name, args[i])
     for name, value in kwargs.items():
         if name in names and _is_bool(value):
-            raise ValueError(f"{function}: {name} must be an int, got {value!r}")
+            raise bool_for_int_error(function, name, value)
 
 
 def _call(op, *args, **kwargs):

@@ -13,6 +13,7 @@ import functools
 from typing import Iterable, Tuple
 
 import torch
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 from torch.autograd import forward_ad as _forward_ad
 
 _grad = torch.ops.moe_routing.moe_init_routing_grad
@@ -28,11 +29,6 @@ _grad = torch.ops.moe_routing.moe_init_routing_grad
 # forward grad mode off, which hides the tangents from that kernel, and PyTorch then raised its
 # own "You must implement the jvp function for custom autograd.Function". That path alone is
 # refused here, in setup_context, with the kernel's message.
-
-def _is_fake(value: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-    return bool(is_fake(value))
-
 
 def refuse_forward_ad(function: str, tensors: Iterable[Tuple[str, object]]) -> None:
     """A NotImplementedError naming `function` and the first of `tensors` ((name, value) pairs;

@@ -14,8 +14,8 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, func_transform_error, moe_finalize_routing,
-                   moe_init_routing_v2, non_dense_kind)
+from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, bool_for_int_error, func_transform_error,
+                   moe_finalize_routing, moe_init_routing_v2, non_dense_kind)
 from ._autograd import refuse_forward_ad
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -80,7 +80,7 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     """An int (or SymInt, or a 0-dim integer tensor) >= minimum; floats and bools are refused
     rather than truncated."""
     if isinstance(value, bool):
-        raise ValueError(f"{function}: {name} must be an int, got {value!r}")
+        raise bool_for_int_error(function, name, value)
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool:
             raise ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a "
@@ -105,7 +105,7 @@ def refuse_bools(function: str, values: Dict[str, object]) -> None:
     torch.compile. A constant while tracing, so this runs at trace time, adding nothing to the graph."""
     for name, value in values.items():
         if _is_bool(value):
-            raise ValueError(f"{function}: {name} must be an int, got {value!r}")
+            raise bool_for_int_error(function, name, value)
 
 
 def first_true(mask: torch.Tensor) -> Optional[int]:

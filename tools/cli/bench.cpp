@@ -68,6 +68,17 @@ double median(std::vector<double> values) {
 /// The operators a sweep times (--op).
 struct SweepOps {
   bool grad, forward, finalize, finalize_grad;
+  /// The operators `--op` names ("all", "grad", "init-routing", "finalize", "finalize-grad").
+  static SweepOps named(const std::string& op) {
+    const bool all = op == "all";
+    return {all || op == "grad", all || op == "init-routing", all || op == "finalize",
+            all || op == "finalize-grad"};
+  }
+  /// Rows per shape and token count: the grad's three scenarios, the dispatch forward's two
+  /// (dropless, drop-pad), one each for the combine and its backward.
+  size_t rows() const {
+    return (grad ? 3 : 0) + (forward ? 2 : 0) + (finalize ? 1 : 0) + (finalize_grad ? 1 : 0);
+  }
 };
 
 /// The most memory one row of a sweep holds at once, in bytes (an upper bound): its inputs, its
@@ -568,8 +579,7 @@ class BenchCommand : public Command {
     std::vector<ModelShape> shapes;
     for (const ModelShape& s : kModelShapes)
       if (shape_ == "all" || shape_ == s.name) shapes.push_back(s);
-    const SweepOps ops{op_ == "all" || op_ == "grad", op_ == "all" || op_ == "init-routing",
-                       op_ == "all" || op_ == "finalize", op_ == "all" || op_ == "finalize-grad"};
+    const SweepOps ops = SweepOps::named(op_);
     // A sweep whose largest row cannot fit is refused before anything is allocated (past the
     // memory there is, the OS kills the process without a word, or the allocation throws).
     {
@@ -592,9 +602,7 @@ class BenchCommand : public Command {
     BandwidthMeter meter(threads);
     const bool can_measure_memory = reset_peak_rss();
 
-    const size_t total = shapes.size() * token_counts.size() *
-                         ((ops.grad ? 3 : 0) + (ops.forward ? 2 : 0) + (ops.finalize ? 1 : 0) +
-                          (ops.finalize_grad ? 1 : 0));
+    const size_t total = shapes.size() * token_counts.size() * ops.rows();
     Numerics numerics = Numerics::atlas_a2;
     parse_numerics(numerics_.c_str(), &numerics);  // the parser admitted only valid names
     ExecConfig reference;
