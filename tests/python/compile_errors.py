@@ -4,6 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+# moe_init_routing's int arguments (also torch_npu's npu_moe_init_routing_v2's) and the bool each bool-for-int
+# case gives for it.
+MOE_INIT_ROUTING_INT_ARGUMENTS = (("active_num", True), ("expert_capacity", True), ("expert_num", True),
+                                  ("drop_pad_mode", False), ("expert_tokens_num_type", True), ("quant_mode", False),
+                                  ("row_idx_type", True), ("x_dtype", False))
+
 
 def assert_compiled_raises_value_error(message: str, fn, *args) -> None:
     """torch.compile(fn, fullgraph=True)(*args) stops at trace time with ValueError(message). Raised by our

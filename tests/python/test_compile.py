@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import moe_routing
-from compile_errors import assert_compiled_raises_value_error
+from compile_errors import MOE_INIT_ROUTING_INT_ARGUMENTS, assert_compiled_raises_value_error
 from reference import random_values
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
@@ -232,9 +232,7 @@ BOOL_FOR_INT_CASES = [
      lambda x, i, r, e, b: moe_routing.moe_init_routing_v2(x, i, expert_num=4, expert_tokens_count_or_cumsum_flag=b)),
     *[("moe_init_routing", name, flag,
        lambda x, i, r, e, b, name=name: moe_routing.moe_init_routing(x, i, **{"expert_num": 4, name: b}))
-      for name, flag in (("active_num", True), ("expert_capacity", True), ("expert_num", True),
-                         ("drop_pad_mode", False), ("expert_tokens_num_type", True), ("quant_mode", False),
-                         ("row_idx_type", True), ("x_dtype", False))],
+      for name, flag in MOE_INIT_ROUTING_INT_ARGUMENTS],
     ("moe_init_routing", "active_num", True,
      lambda x, i, r, e, b: moe_routing.moe_init_routing(x, i, None, None, None, b, expert_num=4, out=_init_out())),
     ("moe_finalize_routing", "drop_pad_mode", False,

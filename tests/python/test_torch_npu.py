@@ -9,7 +9,7 @@ import torch
 
 import moe_routing
 import moe_routing.torch_npu as torch_npu
-from compile_errors import assert_compiled_raises_value_error
+from compile_errors import MOE_INIT_ROUTING_INT_ARGUMENTS, assert_compiled_raises_value_error
 from finalize_reference import atlas_chunk, grad_scales_sum
 from reference import assert_bitwise_equal, grad_reference, random_values, v4_reference
 
@@ -702,9 +702,7 @@ BOOL_FOR_INT_CASES = [
      lambda x, i, r, e, b: torch_npu.npu_moe_init_routing(x, column_row_idx(4, 2), i, b)),
     *[("npu_moe_init_routing_v2", name, flag,
        lambda x, i, r, e, b, name=name: torch_npu.npu_moe_init_routing_v2(x, i, **{"expert_num": 4, name: b}))
-      for name, flag in (("active_num", True), ("expert_capacity", True), ("expert_num", True),
-                         ("drop_pad_mode", False), ("expert_tokens_num_type", True), ("quant_mode", False),
-                         ("row_idx_type", True), ("x_dtype", False))],
+      for name, flag in MOE_INIT_ROUTING_INT_ARGUMENTS],
     ("npu_moe_finalize_routing", "drop_pad_mode", False,
      lambda x, i, r, e, b: torch_npu.npu_moe_finalize_routing(r, None, None, None, None, e, None, b, 2)),
     ("npu_moe_finalize_routing", "k", True,
