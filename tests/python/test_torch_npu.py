@@ -2,6 +2,7 @@
 signatures, outputs bit for bit, gradients bit for bit in the documented orders, torch_npu's quirks
 as decided in docs/porting.md, clear errors, torch.compile(fullgraph=True)."""
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -321,12 +322,22 @@ def test_finalize_routing_argument_rules():
     with pytest.raises(IndexError, match=r"^npu_moe_finalize_routing: expanded_src_to_dst_row\[1\] must be in \[0, 4\) "
                                          r"\(-1 marks a dropped pair\), got 9$"):
         f(rows, None, None, None, None, torch.tensor([0, 9, 1, 2], dtype=I32), None, 2)
-    # The operator's own name for k (top_k) was not renamed: the message named no argument of this call.
+    # The core's name for k (top_k, and K for the length without scales) named no argument of this call.
     with pytest.raises(ValueError, match=r"npu_moe_finalize_routing: k must be 1 or scales.size\(1\) \(2\) when "
                                          r"scales is given, got 4"):
         f(torch.randn(8, 3), None, None, None, torch.rand(2, 2), torch.arange(8, dtype=I32), None, 0, 4)
     with pytest.raises(ValueError, match="npu_moe_finalize_routing: k must be >= 1, got 0"):
         f(rows, None, None, None, None, index, None, 0, 0)
+    with pytest.raises(ValueError, match=r"^npu_moe_finalize_routing: len\(expanded_src_to_dst_row\) must be a "
+                                         r"multiple of k \(3\), got 4$"):
+        f(rows, None, None, None, None, index, None, 2, 3)
+    # Compiled, the operator's fake kernel refuses k at trace time, in the operator's name (docs/porting.md)
+    # and with the argument's: k.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda r, i: f(r, None, None, None, None, i, None, 0, 0), fullgraph=True,
+                             backend="eager")
+    with pytest.raises(Exception, match=re.escape("ValueError('moe_finalize_routing: k must be >= 1, got 0')")):
+        compiled(rows, index)
     out = f(rows, None, None, None, None, index, None, None, None)  # optional ints accept None
     assert_bitwise_equal(moe_routing.moe_finalize_routing(rows, index), out)
 
