@@ -738,6 +738,23 @@ def test_compiled_call_refuses_a_bool_for_an_int(function, argument, flag, call)
     assert_compiled_raises_value_error(message, call, x, idx, rows, index, flag)
 
 
+@pytest.mark.parametrize("function,argument,flag,call", BOOL_FOR_INT_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in BOOL_FOR_INT_CASES])
+def test_a_bool_tensor_for_an_int_is_worded_alike_by_check_int_and_refuse_bools(function, argument, flag, call):
+    """A 0-dim bool tensor for an int argument: check_int (active_num, num_out_tokens, num_expert) and
+    refuse_bools (the ints handed on to an operator) refused it in two wordings ("got a 0-D bool tensor",
+    "got tensor(True)"); one helper words both, as the operators' own check does."""
+    from moe_routing._port import check_int, refuse_bools
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=I32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=I32)
+    message = f"{function}: {argument} must be an int or a 0-dim integer tensor, got a 0-D bool tensor"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call(x, idx, rows, index, torch.tensor(flag))
+    for check in (lambda v: check_int(function, argument, v), lambda v: refuse_bools(function, {argument: v})):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            check(torch.tensor(flag))
+
+
 def test_compiled_ports_keep_the_token_count_symbolic():
     """With the token dimension marked dynamic, one graph serves every token count: check_int took a
     traced int (x.shape[0] * K, which Dynamo does not show as a SymInt) through operator.index, and
