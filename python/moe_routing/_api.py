@@ -63,8 +63,9 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
             try:
                 operator.index(value)
             except TypeError:
-                return ValueError(f"{function}: {argument.name} must be {'a bool' if kind == 'bool' else 'an int'}, "
-                                  f"got {value!r}")
+                if kind != "bool":
+                    return not_an_int_error(function, argument.name, value)
+                return ValueError(f"{function}: {argument.name} must be a bool, got {value!r}")
             if kind != "bool" and not _int64(value):  # a bool takes any int: its truth
                 return ValueError(f"{function}: {argument.name} must be an int within int64, got {value!r}")
         if (kind in ("List[int]", "List[SymInt]") and isinstance(value, (list, tuple))
@@ -107,8 +108,19 @@ def _is_bool(value) -> bool:
     return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
 
 
-def bool_for_int_error(function: str, name: str, value) -> ValueError:
-    """The refusal of a bool given for the int argument `name` (PyTorch's schema would take it as 1 or 0)."""
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as error messages name it: "float32" for torch.float32."""
+    return str(dtype).replace("torch.", "")
+
+
+def not_an_int_error(function: str, name: str, value) -> ValueError:
+    """The refusal of `value` for the int argument `name`, in one wording wherever it is refused: the operators
+    (a bool, which PyTorch's schema would take as 1 or 0, and what the schema refuses), the ports' refuse_bools
+    and check_int. A tensor - a bool one, a float one, one of more dimensions - is described by its rank and
+    dtype (an int argument takes a 0-dim integer tensor in eager mode); anything else by its repr."""
+    if isinstance(value, torch.Tensor):
+        return ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a {value.dim()}-D "
+                          f"{dtype_name(value.dtype)} tensor")
     return ValueError(f"{function}: {name} must be an int, got {value!r}")
 
 
@@ -120,10 +132,10 @@ def _refuse_bool_for_int(op, args, kwargs):
     function, positional, names = _INT_ARGUMENTS[op]
     for i, name in positional:
         if i < len(args) and _is_bool(args[i]):
-            raise bool_for_int_error(function, name, args[i])
+            raise not_an_int_error(function, name, args[i])
     for name, value in kwargs.items():
         if name in names and _is_bool(value):
-            raise bool_for_int_error(function, name, value)
+            raise not_an_int_error(function, name, value)
 
 
 def _call(op, *args, **kwargs):

@@ -290,8 +290,9 @@ def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, b
     if mode not in (0, 1, 2, 3):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless, column), 1 (drop-pad, column), "
                          f"2 (dropless, row) or 3 (drop-pad, row), got {mode}")
+    # The core's top_k, named as the schema names it (so does the kernel's message: torch_ops.cpp).
     if (1 if k is None else k) < 1:
-        raise ValueError(f"{op}: top_k must be >= 1, got {k}")
+        raise ValueError(f"{op}: k must be >= 1, got {k}")
     enabled = [(name, tuple(r)) for name, r in ranges if r is not None and tuple(r) != (-1, -1)]
     for name, (begin, end) in enabled:
         if begin < 0 or end <= begin:

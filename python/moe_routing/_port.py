@@ -14,17 +14,12 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, bool_for_int_error, func_transform_error,
-                   moe_finalize_routing, moe_init_routing_v2, non_dense_kind)
+from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, dtype_name, func_transform_error,
+                   moe_finalize_routing, moe_init_routing_v2, non_dense_kind, not_an_int_error)
 from ._autograd import refuse_forward_ad
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """A dtype as error messages name it: "float32" for torch.float32."""
-    return str(dtype).replace("torch.", "")
 
 
 def is_compiling() -> bool:
@@ -80,11 +75,10 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     """An int (or SymInt, or a 0-dim integer tensor) >= minimum; floats and bools are refused
     rather than truncated."""
     if isinstance(value, bool):
-        raise bool_for_int_error(function, name, value)
+        raise not_an_int_error(function, name, value)
     if isinstance(value, torch.Tensor):
         if value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a "
-                             f"{value.dim()}-D {dtype_name(value.dtype)} tensor")
+            raise not_an_int_error(function, name, value)
         value = int(value)
     elif not isinstance(value, (int, torch.SymInt)):
         # Not for an int: under torch.compile a symbolic int (x.shape[0] * k) is an int to Dynamo, not
@@ -93,7 +87,7 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
         try:
             value = operator.index(value)
         except TypeError:
-            raise ValueError(f"{function}: {name} must be an int, got {value!r}") from None
+            raise not_an_int_error(function, name, value) from None
     if minimum is not None and value < minimum:
         raise ValueError(f"{function}: {name} must be >= {minimum}, got {value}")
     return value
@@ -105,7 +99,7 @@ def refuse_bools(function: str, values: Dict[str, object]) -> None:
     torch.compile. A constant while tracing, so this runs at trace time, adding nothing to the graph."""
     for name, value in values.items():
         if _is_bool(value):
-            raise bool_for_int_error(function, name, value)
+            raise not_an_int_error(function, name, value)
 
 
 def first_true(mask: torch.Tensor) -> Optional[int]:

@@ -162,7 +162,7 @@ def npu_moe_finalize_routing(expanded_permuted_rows: torch.Tensor, skip1: Option
                         f"got neither it nor expert_for_source_row")
     refuse_bools(function, {"drop_pad_mode": drop_pad_mode, "k": k})
     names = {"expanded_x": "expanded_permuted_rows", "expanded_row_idx": "expanded_src_to_dst_row", "x1": "skip1",
-             "x2": "skip2", "expert_idx": "export_for_source_row", "top_k": "k"}
+             "x2": "skip2", "expert_idx": "export_for_source_row"}
     return renamed_errors(function, lambda: moe_finalize_routing(
         expanded_permuted_rows, expanded_src_to_dst_row, skip1, skip2, bias, scales, export_for_source_row,
         drop_pad_mode=drop_pad_mode, k=k, numerics=numerics), names)

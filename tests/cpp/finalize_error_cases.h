@@ -187,6 +187,12 @@ inline std::vector<ErrorCase<FinalizeFixture>> finalize_error_cases() {
        "top_k must be 1 or scales.size(1) (2) when scales is given, got 3"},
       {"length", [](F f) { f.in.expanded_row_idx.shape[0] = 5; }, kInvalid,
        "len(expanded_row_idx) must be a multiple of K (2), got 5"},
+      {"length without scales",
+       [](F f) {
+         f.in.scales = TensorView();
+         f.attrs.top_k = 3;
+       },
+       kInvalid, "len(expanded_row_idx) must be a multiple of top_k (3), got 4"},
       {"scales rows", [](F f) { f.in.scales.shape[0] = 3; }, kInvalid,
        "scales must be [N, K] = [2, 2], got 2-D float32 [3, 2]"},
       {"too many rows", [](F f) { f.in.expanded_x.shape[0] = 5; }, kInvalid,

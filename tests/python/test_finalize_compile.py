@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import moe_routing
+import moe_routing.ops
 from reference import random_values
 from test_compile import assert_fake_error_equals_eager_error, assert_fake_shapes_equal_real_shapes
 
@@ -278,3 +279,43 @@ def refused_combine_samples():
 @pytest.mark.parametrize("name, args, kwargs", list(refused_combine_samples()))
 def test_fake_refuses_as_eager(name, args, kwargs):
     assert_fake_error_equals_eager_error(name, args, kwargs)
+
+
+# moe_finalize_routing's refusals of k: (kwargs, message, whether the fake kernel refuses it too - the others
+# need the extents, left to the kernel at run time).
+K_ERRORS = [
+    (dict(k=0), "moe_finalize_routing: k must be >= 1, got 0", True),
+    (dict(k=3), "moe_finalize_routing: len(expanded_row_idx) must be a multiple of k (3), got 4", False),
+    (dict(k=3, scales=torch.ones(2, 2)),
+     "moe_finalize_routing: k must be 1 or scales.size(1) (2) when scales is given, got 3", False),
+]
+
+
+@pytest.mark.parametrize("kwargs, message, fake_refuses", K_ERRORS, ids=["k0", "multiple", "scales"])
+def test_errors_about_k_name_k_on_every_path(kwargs, message, fake_refuses):
+    """The top-k argument is `k` in the schema and in every Python signature; the core (and the C ABI and the
+    CLI) call it top_k. The messages named top_k (and K for the length) in Python - eager, fake and compiled
+    alike - an argument the caller never passed; the binding now names it as the schema does."""
+    rows, index = torch.randn(4, 8), torch.arange(4, dtype=I32)
+    calls = {
+        "moe_routing": lambda r, i: moe_routing.moe_finalize_routing(r, i, **kwargs),
+        "moe_routing.ops": lambda r, i: moe_routing.ops.moe_finalize_routing(r, i, **kwargs),
+        "torch.ops": lambda r, i: ops.moe_finalize_routing(r, i, **kwargs),
+        "out=": lambda r, i: moe_routing.moe_finalize_routing(r, i, **kwargs, out=r.new_empty(2, 8)),
+        "torch.ops out=": lambda r, i: ops.moe_finalize_routing.out(r, i, **kwargs, out=r.new_empty(2, 8)),
+        "autograd": lambda r, i: moe_routing.moe_finalize_routing(r.detach().requires_grad_(), i, **kwargs),
+    }
+    for path, call in calls.items():
+        assert _error(lambda: call(rows, index)) == message, path
+    if fake_refuses:
+        with torch._subclasses.fake_tensor.FakeTensorMode() as fake:
+            assert _error(lambda: calls["moe_routing"](fake.from_tensor(rows), fake.from_tensor(index))) == message
+        assert _error(lambda: calls["torch.ops"](rows.to("meta"), index.to("meta"))) == message
+    torch._dynamo.reset()
+    compiled = torch.compile(calls["moe_routing"], fullgraph=True, backend="eager")
+    with pytest.raises(Exception) as info:
+        compiled(rows, index)
+    if fake_refuses:  # at trace time, by the fake kernel: Dynamo's error carries it
+        assert f"ValueError({message!r})" in str(info.value), str(info.value)
+    else:  # at run time, by the kernel
+        assert type(info.value) is ValueError and str(info.value) == message

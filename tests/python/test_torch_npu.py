@@ -2,6 +2,7 @@
 signatures, outputs bit for bit, gradients bit for bit in the documented orders, torch_npu's quirks
 as decided in docs/porting.md, clear errors, torch.compile(fullgraph=True)."""
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -321,12 +322,22 @@ def test_finalize_routing_argument_rules():
     with pytest.raises(IndexError, match=r"^npu_moe_finalize_routing: expanded_src_to_dst_row\[1\] must be in \[0, 4\) "
                                          r"\(-1 marks a dropped pair\), got 9$"):
         f(rows, None, None, None, None, torch.tensor([0, 9, 1, 2], dtype=I32), None, 2)
-    # The operator's own name for k (top_k) was not renamed: the message named no argument of this call.
+    # The core's name for k (top_k, and K for the length without scales) named no argument of this call.
     with pytest.raises(ValueError, match=r"npu_moe_finalize_routing: k must be 1 or scales.size\(1\) \(2\) when "
                                          r"scales is given, got 4"):
         f(torch.randn(8, 3), None, None, None, torch.rand(2, 2), torch.arange(8, dtype=I32), None, 0, 4)
     with pytest.raises(ValueError, match="npu_moe_finalize_routing: k must be >= 1, got 0"):
         f(rows, None, None, None, None, index, None, 0, 0)
+    with pytest.raises(ValueError, match=r"^npu_moe_finalize_routing: len\(expanded_src_to_dst_row\) must be a "
+                                         r"multiple of k \(3\), got 4$"):
+        f(rows, None, None, None, None, index, None, 2, 3)
+    # Compiled, the operator's fake kernel refuses k at trace time, in the operator's name (docs/porting.md)
+    # and with the argument's: k.
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda r, i: f(r, None, None, None, None, i, None, 0, 0), fullgraph=True,
+                             backend="eager")
+    with pytest.raises(Exception, match=re.escape("ValueError('moe_finalize_routing: k must be >= 1, got 0')")):
+        compiled(rows, index)
     out = f(rows, None, None, None, None, index, None, None, None)  # optional ints accept None
     assert_bitwise_equal(moe_routing.moe_finalize_routing(rows, index), out)
 
@@ -725,6 +736,23 @@ def test_compiled_call_refuses_a_bool_for_an_int(function, argument, flag, call)
     with pytest.raises(ValueError, match=f"^{message}$"):
         call(x, idx, rows, index, flag)  # eager: the same message
     assert_compiled_raises_value_error(message, call, x, idx, rows, index, flag)
+
+
+@pytest.mark.parametrize("function,argument,flag,call", BOOL_FOR_INT_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in BOOL_FOR_INT_CASES])
+def test_a_bool_tensor_for_an_int_is_worded_alike_by_check_int_and_refuse_bools(function, argument, flag, call):
+    """A 0-dim bool tensor for an int argument: check_int (active_num, num_out_tokens, num_expert) and
+    refuse_bools (the ints handed on to an operator) refused it in two wordings ("got a 0-D bool tensor",
+    "got tensor(True)"); one helper words both, as the operators' own check does."""
+    from moe_routing._port import check_int, refuse_bools
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=I32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=I32)
+    message = f"{function}: {argument} must be an int or a 0-dim integer tensor, got a 0-D bool tensor"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call(x, idx, rows, index, torch.tensor(flag))
+    for check in (lambda v: check_int(function, argument, v), lambda v: refuse_bools(function, {argument: v})):
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            check(torch.tensor(flag))
 
 
 def test_compiled_ports_keep_the_token_count_symbolic():

@@ -50,6 +50,44 @@ void raise_if_error(const Status& status) {
   }
 }
 
+/// An argument that an operator's schema names otherwise than the core: the core's name in its
+/// messages, and the schema's (what a Python caller passes).
+struct ArgumentName {
+  const char* core;
+  const char* schema;
+};
+
+/// moe_finalize_routing's top_k is `k` in CANN's torch-extension schema (ours): the Python caller
+/// passes k; the core, the C ABI and the CLI (--top-k) keep top_k.
+constexpr ArgumentName kFinalizeRoutingNames[] = {{"top_k", "k"}};
+
+bool is_identifier_char(char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/// raise_if_error with the core's message naming each argument of `names` as the schema does: an
+/// occurrence of the core's name is replaced only where it is a whole identifier (never inside a
+/// longer one such as grad_top_k). The one place where the binding renames the core's words.
+void raise_if_error(const Status& status, c10::ArrayRef<ArgumentName> names) {
+  if (status.is_ok()) return;
+  std::string message = status.message();
+  for (const ArgumentName& name : names) {
+    const std::string core(name.core);
+    std::string renamed;
+    size_t done = 0;
+    for (size_t at = message.find(core); at != std::string::npos; at = message.find(core, at + 1)) {
+      const size_t end = at + core.size();
+      if ((at > 0 && is_identifier_char(message[at - 1])) ||
+          (end < message.size() && is_identifier_char(message[end])))
+        continue;
+      renamed.append(message, done, at - done).append(name.schema);
+      done = end;
+    }
+    message = renamed.append(message, done, std::string::npos);
+  }
+  raise_if_error(Status(status.code(), std::move(message)));
+}
+
 /// A torch dtype as messages name it: "float32", "float64" (torch.float64 in Python), not c10's
 /// "Float" / "Double".
 std::string dtype_text(at::ScalarType dtype) {
@@ -652,7 +690,7 @@ at::Tensor moe_finalize_routing_into(
     *views[i] = call.optional_view(names[i], contiguous[i]);
   }
   moe_routing::MoeFinalizeRoutingPlan plan;
-  raise_if_error(moe_routing::infer_moe_finalize_routing(in, attrs, &plan));
+  raise_if_error(moe_routing::infer_moe_finalize_routing(in, attrs, &plan), kFinalizeRoutingNames);
   const at::Tensor result = call.output("y", plan.out, out);
   if (out != nullptr) {
     Call::check_no_overlap(
@@ -661,7 +699,8 @@ at::Tensor moe_finalize_routing_into(
                     &or_absent(alpha1), &or_absent(alpha2), &or_absent(v)});
   }
   raise_if_error(
-      moe_routing::moe_finalize_routing(in, attrs, call.view("out", result), call.exec_config()));
+      moe_routing::moe_finalize_routing(in, attrs, call.view("out", result), call.exec_config()),
+      kFinalizeRoutingNames);
   return result;
 }
 

@@ -230,9 +230,10 @@ Status infer_moe_finalize_routing(const MoeFinalizeRoutingInputs& in,
     p.top_k = attrs.top_k;
     p.scales_dtype = ex.dtype;
   }
+  // K named by where it came from: scales.size(1), else the top_k attribute the caller gave.
   if (pairs % p.top_k != 0)
-    return invalid_argument(kOp, "len(expanded_row_idx) must be a multiple of K (", p.top_k,
-                            "), got ", pairs);
+    return invalid_argument(kOp, "len(expanded_row_idx) must be a multiple of ",
+                            p.has_scales ? "K" : "top_k", " (", p.top_k, "), got ", pairs);
   p.num_rows = pairs / p.top_k;
   const int64_t N = p.num_rows, K = p.top_k, H = p.hidden;
   if (p.has_scales && in.scales.shape[0] != N)
