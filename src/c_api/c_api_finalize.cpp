@@ -81,6 +81,17 @@ Status phase_two_finalize(Executor::Operator kind, void* workspace, uint64_t wor
                               owned->config(workspace, workspace_size, stream));
 }
 
+/// The view of the backward's grad_scales or grad_bias handle. NULL means "not wanted", as an
+/// absent output in C++. A handle the inputs can fill (`spec` produced) is wanted, even one that
+/// looks like the absent view (optional_view refuses it: one element without a buffer); one they
+/// cannot (InferShape describes it as not produced, 0-d) may have null data and is ignored.
+Status wanted_output_view(const char* name, const mrTensor* handle, const OutputSpec& spec,
+                          TensorView* view) {
+  if (spec.produced) return optional_view(kOpGrad, name, handle, view);
+  *view = view_of(handle);
+  return Status::ok();
+}
+
 /// The backward's arguments that are not tensors.
 struct GradScalars {
   int64_t drop_pad_mode, active_num, expert_num, expert_capacity;
@@ -220,18 +231,11 @@ mrStatus mrMoeFinalizeRoutingV2GradGetWorkspaceSize(
     MOE_ROUTING_RETURN_IF_ERROR(
         plan_grad(gradY, expandedRowIdx, expandedXOptional, scalesOptional, expertIdxOptional,
                   biasOptional, {dropPadMode, activeNum, expertNum, expertCapacity}, &call, &plan));
-    // grad_scales and grad_bias: NULL means "not wanted", as an absent output in C++. A handle
-    // the inputs can fill is wanted, even one that looks like the absent view; one they cannot
-    // (InferShape describes it as not produced, 0-d) may have null data and is ignored.
     call.out.grad_expanded_x = view_of(gradExpandedXOut);
-    call.out.grad_scales = view_of(gradScalesOut);
-    call.out.grad_bias = view_of(gradBiasOut);
-    if (plan.grad_scales.produced)
-      MOE_ROUTING_RETURN_IF_ERROR(
-          optional_view(kOpGrad, "grad_scales", gradScalesOut, &call.out.grad_scales));
-    if (plan.grad_bias.produced)
-      MOE_ROUTING_RETURN_IF_ERROR(
-          optional_view(kOpGrad, "grad_bias", gradBiasOut, &call.out.grad_bias));
+    MOE_ROUTING_RETURN_IF_ERROR(
+        wanted_output_view("grad_scales", gradScalesOut, plan.grad_scales, &call.out.grad_scales));
+    MOE_ROUTING_RETURN_IF_ERROR(
+        wanted_output_view("grad_bias", gradBiasOut, plan.grad_bias, &call.out.grad_bias));
     MOE_ROUTING_RETURN_IF_ERROR(require_produced_outputs(
         kOpGrad, {{"grad_expanded_x", gradExpandedXOut, plan.grad_expanded_x}}));
     MOE_ROUTING_RETURN_IF_ERROR(moe_routing::detail::validate_moe_finalize_routing_grad(

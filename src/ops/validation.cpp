@@ -122,8 +122,7 @@ Status check_execution(const char* op, Device device, const ExecConfig& config) 
 Status check_workspace(const char* op, const CallWorkspace& workspace, const ExecConfig& config,
                        const CallInput& anchor, std::initializer_list<CallInput> inputs,
                        std::initializer_list<CallOutput> outputs) {
-  if (workspace.size_function == nullptr || config.workspace == nullptr ||
-      anchor.view.device != Device::cpu || config.backend == Backend::reference)
+  if (workspace.size_function == nullptr || !checks_caller_workspace(config, anchor.view.device))
     return Status::ok();
   if (config.workspace_bytes < workspace.needed) {
     if (workspace.depends_on_threads)

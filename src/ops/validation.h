@@ -42,11 +42,20 @@ struct CallOutput {
 /// What a call writes into a caller's workspace (ExecConfig::workspace) on the CPU backend:
 /// `needed` bytes, as `size_function` reports them (with the same num_threads where
 /// `depends_on_threads`). The default (no size function): the call uses no caller workspace.
+/// `needed` is read only where checks_caller_workspace() holds, so callers compute it only then
+/// (the ordinary call, the torch binding's included, passes no workspace).
 struct CallWorkspace {
   uint64_t needed = 0;
   const char* size_function = nullptr;
   bool depends_on_threads = false;
 };
+
+/// Whether validate_call checks a caller's workspace (its step 5): the call passes one and runs on
+/// the CPU backend (`device`, the anchor's, is the CPU and the backend is not the reference).
+inline bool checks_caller_workspace(const ExecConfig& config, Device device) {
+  return config.workspace != nullptr && device == Device::cpu &&
+         config.backend != Backend::reference;
+}
 
 /// Every check of a call that needs no data, after shape inference, in this order (so that every
 /// front end reports the same first mistake):

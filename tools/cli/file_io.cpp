@@ -187,12 +187,10 @@ Status classify(const OutputFile& file, Destination* d) {
   struct stat info = link_info;
   if (S_ISLNK(link_info.st_mode) && ::stat(file.path.c_str(), &info) != 0) {
     if (errno != ENOENT) return write_error(file.label, errno);
-    char target[4096];
-    const ssize_t length = ::readlink(file.path.c_str(), target, sizeof target - 1);
     return file_error(file.label,
                       "output must not be a symbolic link to nothing (links are written "
                       "through, never replaced), got a link to '",
-                      std::string(target, length > 0 ? size_t(length) : 0), "'");
+                      link_target(file.path), "'");
   }
   if (S_ISDIR(info.st_mode)) return write_error(file.label, EISDIR);
   if (!S_ISREG(info.st_mode)) {
@@ -279,6 +277,12 @@ void roll_back(Destination* d) {
 
 std::string label(const std::string& flag, const std::string& path) {
   return flag.empty() ? path : flag + " " + path;
+}
+
+std::string link_target(const std::string& path) {
+  char target[4096];
+  const ssize_t length = ::readlink(path.c_str(), target, sizeof target);
+  return std::string(target, length > 0 ? size_t(length) : 0);
 }
 
 int64_t available_memory() {

@@ -23,6 +23,10 @@ namespace moe_routing::file_io {
 /// How messages name a file: "--grad-expanded-x g.npy", or the path alone without a flag.
 std::string label(const std::string& flag, const std::string& path);
 
+/// What the symbolic link `path` points to, as written in the link; empty when it is not a link
+/// or cannot be read.
+std::string link_target(const std::string& path);
+
 /// `moe-routing: <label>: <parts...>`, an invalid_argument Status (exit status 2 in the tool).
 template <typename... Parts>
 Status file_error(const std::string& label, const Parts&... parts) {

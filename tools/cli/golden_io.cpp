@@ -29,11 +29,21 @@ Status make_directories(const std::string& command, const std::string& dir,
         created->push_back(path);
         continue;
       }
-      // EEXIST: another process created it since our stat(). Not ours to remove on failure, and
-      // a directory is required of it as of one that was there before.
-      if (errno != EEXIST || ::stat(path.c_str(), &info) != 0)
+      // EEXIST: another process created it since our stat(), or it is a symbolic link to
+      // nothing (mkdir never follows a link, so its target is not created). Not ours to remove on
+      // failure, and a directory is required of it as of one that was there before.
+      if (errno != EEXIST || ::stat(path.c_str(), &info) != 0) {
+        const int error = errno;
+        struct stat link_info;
+        if (error == ENOENT && ::lstat(path.c_str(), &link_info) == 0 && S_ISLNK(link_info.st_mode))
+          return invalid_argument("moe-routing: ", command,
+                                  ": --out-dir must not be or pass through a symbolic link to "
+                                  "nothing (links are followed, their targets never created), "
+                                  "got '",
+                                  path, "', a link to '", file_io::link_target(path), "'");
         return invalid_argument("moe-routing: ", command, ": --out-dir must be creatable, got '",
-                                std::strerror(errno), "' for '", path, "'");
+                                std::strerror(error), "' for '", path, "'");
+      }
     }
     if (!S_ISDIR(info.st_mode))
       return invalid_argument("moe-routing: ", command, ": --out-dir must be a directory, got '",

@@ -64,7 +64,8 @@ using MakeDirectory = int (*)(const char* path, mode_t mode);
 
 /// Creates `dir` and its missing parents, appending each directory that this call's mkdir created
 /// to `created` (deepest last); one that another process creates meanwhile is used, not recorded.
-/// An error when a component is not a directory or cannot be created.
+/// An error when a component is not a directory, is a symbolic link to nothing (its target is
+/// never created) or cannot be created.
 Status make_directories(const std::string& command, const std::string& dir,
                         std::vector<std::string>* created, MakeDirectory make_directory = ::mkdir);
 

@@ -225,9 +225,11 @@ Status validate_moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& in
   OutputSpec grad_scales = p.grad_scales, grad_bias = p.grad_bias;
   grad_scales.produced = p.compute_grad_scales;
   grad_bias.produced = p.compute_grad_bias;
-  // What the CPU backend writes into a caller's workspace (validate_call checks it).
+  // What the CPU backend writes into a caller's workspace (validate_call checks it); its size
+  // only where validate_call reads it.
   CallWorkspace workspace;
-  workspace.needed = moe_finalize_routing_grad_workspace_size(p, config.num_threads);
+  if (checks_caller_workspace(config, in.grad_y.device))
+    workspace.needed = moe_finalize_routing_grad_workspace_size(p, config.num_threads);
   workspace.size_function = "moe_finalize_routing_grad_workspace_size";
   return validate_call(kOp,
                        {{"grad_y", in.grad_y},

@@ -460,11 +460,14 @@ int cpu_threads(const MoeInitRoutingPlan& plan, int num_threads) {
 
 namespace {
 
-/// What the CPU kernels write into a caller's workspace (validate_call checks it).
-CallWorkspace routing_workspace(const RoutingProblem& problem, const ExecConfig& config,
+/// What the CPU kernels write into a caller's workspace (validate_call checks it); its size only
+/// where validate_call reads it.
+template <class Plan>
+CallWorkspace routing_workspace(const Plan& plan, const TensorView& x, const ExecConfig& config,
                                 const char* size_function) {
   CallWorkspace workspace;
-  workspace.needed = cpu::workspace_bytes(problem, config.num_threads);
+  if (checks_caller_workspace(config, x.device))
+    workspace.needed = cpu::workspace_bytes(routing_problem(plan), config.num_threads);
   workspace.size_function = size_function;
   workspace.depends_on_threads = true;
   return workspace;
@@ -480,16 +483,16 @@ Status validate_moe_init_routing_v2(const TensorView& x, const TensorView& exper
                                     const TensorView& expert_tokens_before_capacity,
                                     const ExecConfig& config, MoeInitRoutingV2Plan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(infer_moe_init_routing_v2(x, expert_idx, attrs, plan));
-  return validate_call(
-      kOpV2, {{"x", x}, {"expert_idx", expert_idx}},
-      {{"expanded_x", expanded_x, plan->expanded_x},
-       {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
-       {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
-        plan->expert_tokens_count_or_cumsum},
-       {"expert_tokens_before_capacity", expert_tokens_before_capacity,
-        plan->expert_tokens_before_capacity}},
-      config,
-      routing_workspace(routing_problem(*plan), config, "moe_init_routing_v2_workspace_size"));
+  const CallWorkspace workspace =
+      routing_workspace(*plan, x, config, "moe_init_routing_v2_workspace_size");
+  return validate_call(kOpV2, {{"x", x}, {"expert_idx", expert_idx}},
+                       {{"expanded_x", expanded_x, plan->expanded_x},
+                        {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
+                        {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
+                         plan->expert_tokens_count_or_cumsum},
+                        {"expert_tokens_before_capacity", expert_tokens_before_capacity,
+                         plan->expert_tokens_before_capacity}},
+                       config, workspace);
 }
 
 Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
@@ -502,20 +505,21 @@ Status validate_moe_init_routing(const TensorView& x, const TensorView& expert_i
                                  MoeInitRoutingPlan* plan) {
   MOE_ROUTING_RETURN_IF_ERROR(
       infer_moe_init_routing(x, expert_idx, scale, offset, topk_weight, attrs, plan));
-  return validate_call(
-      kOp,
-      {{"x", x},
-       {"expert_idx", expert_idx},
-       {"scale", scale},
-       {"offset", offset},
-       {"topk_weight", topk_weight}},
-      {{"expanded_x", expanded_x, plan->expanded_x},
-       {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
-       {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
-        plan->expert_tokens_count_or_cumsum},
-       {"expanded_scale", expanded_scale, plan->expanded_scale},
-       {"expanded_topk_weight", expanded_topk_weight, plan->expanded_topk_weight}},
-      config, routing_workspace(routing_problem(*plan), config, "moe_init_routing_workspace_size"));
+  const CallWorkspace workspace =
+      routing_workspace(*plan, x, config, "moe_init_routing_workspace_size");
+  return validate_call(kOp,
+                       {{"x", x},
+                        {"expert_idx", expert_idx},
+                        {"scale", scale},
+                        {"offset", offset},
+                        {"topk_weight", topk_weight}},
+                       {{"expanded_x", expanded_x, plan->expanded_x},
+                        {"expanded_row_idx", expanded_row_idx, plan->expanded_row_idx},
+                        {"expert_tokens_count_or_cumsum", expert_tokens_count_or_cumsum,
+                         plan->expert_tokens_count_or_cumsum},
+                        {"expanded_scale", expanded_scale, plan->expanded_scale},
+                        {"expanded_topk_weight", expanded_topk_weight, plan->expanded_topk_weight}},
+                       config, workspace);
 }
 
 }  // namespace detail

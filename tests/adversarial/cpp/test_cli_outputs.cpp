@@ -2,7 +2,8 @@
 // 12 and 13): an --out that is a FIFO, a device or a symbolic link is written through, never
 // replaced; a failed --out-dir run (of the dispatch and of the combine's backward) leaves the
 // previous run's files as they were, even when it
-// fails between two renames; temporaries are unique (concurrent runs all succeed, a user's own
+// fails between two renames; an --out-dir through a symbolic link to nothing is refused without
+// creating the link's target; temporaries are unique (concurrent runs all succeed, a user's own
 // `<out>.tmp` is never touched); messages name the flag. docs/reliability.md cites these tests.
 #include <fcntl.h>
 #include <poll.h>
@@ -319,6 +320,51 @@ TEST(AdversarialCliOutputs, AFailedCombineGradRunKeepsThePreviousRunsFiles) {
       dir, {[&](int seed, const std::string& out) { return combine_grad_run(dir, seed, out); },
             {"grad_expanded_x.npy", "grad_scales.npy", "grad_bias.npy"},
             "grad_bias.npy"});
+}
+
+// A symbolic link to nothing as --out-dir or as one of its directories: refused, naming the link,
+// before anything is written; the link stays, its target is not created (mkdir never follows a
+// link), and a directory the run created on the way is removed again. Before, the message was
+// "--out-dir must be creatable, got 'No such file or directory' for '<link>'", of a link that
+// exists.
+TEST(AdversarialCliOutputs, AnOutDirThroughASymbolicLinkToNothingIsRefused) {
+  TempDir dir;
+  const std::string links = dir.file("links");
+  ASSERT_EQ(::mkdir(links.c_str(), 0755), 0);
+  // near: the target's directory exists (a mkdir that followed the link would make the target);
+  // far: its parent is missing too.
+  const std::map<std::string, std::string> targets = {{"near", "target"},
+                                                      {"far", "missing/target"}};
+  for (const auto& [name, target] : targets)
+    ASSERT_EQ(::symlink(target.c_str(), (links + "/" + name).c_str()), 0);
+  const std::map<std::string, std::function<std::vector<std::string>(const std::string&)>>
+      commands = {{"golden init-routing-v2",
+                   [&](const std::string& out) { return forward_run(dir, 1, out); }},
+                  {"golden finalize-routing-grad",
+                   [&](const std::string& out) { return combine_grad_run(dir, 1, out); }}};
+  for (const auto& [command, run] : commands)
+    for (const auto& [name, target] : targets) {
+      const std::string link = links + "/" + name;
+      for (const std::string& out_dir : {link, link + "/sub", link + "/sub/deeper",
+                                         dir.file("fresh/../links/") + name + "/sub"}) {
+        SCOPED_TRACE(command + " --out-dir " + out_dir);
+        const std::vector<std::string> args = run(out_dir);
+        const std::set<std::string> before = files_in(dir.path());
+        const CliResult r = run_cli(dir, args, limited());
+        EXPECT_EQ(r.exit_code, 2) << describe(args, r);
+        const std::string named =
+            out_dir.rfind(dir.file("fresh"), 0) == 0 ? dir.file("fresh/../links/") + name : link;
+        EXPECT_EQ(r.err, "moe-routing: " + command +
+                             ": --out-dir must not be or pass through a symbolic link to nothing "
+                             "(links are followed, their targets never created), got '" +
+                             named + "', a link to '" + target + "'\n")
+            << describe(args, r);
+        EXPECT_TRUE(r.out.empty()) << describe(args, r);
+        EXPECT_EQ(files_in(links), (std::set<std::string>{"near", "far"})) << "a target was made";
+        EXPECT_EQ(link_of(link), target);
+        EXPECT_EQ(files_in(dir.path()), before) << "a file or directory was left or removed";
+      }
+    }
 }
 
 TEST(AdversarialCliOutputs, ARenameFailingMidwayPutsTheEarlierFilesBack) {
