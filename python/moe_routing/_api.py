@@ -6,6 +6,11 @@ from typing import List, Optional, Union
 
 import torch
 
+try:
+    import numpy as _numpy
+except ImportError:  # torch runs without NumPy; then no value is a NumPy one
+    _numpy = None
+
 from . import _library  # noqa: F401  (registers torch.ops.moe_routing.*, which _INT_ARGUMENTS reads)
 
 
@@ -85,7 +90,7 @@ def _int_argument_table(op):
 
 # Every operator's packet and overload (what _call and _functional are given) -> its int argument table, built
 # once here: the schema objects it comes from are C++ ones that torch.compile cannot trace, while this dict of
-# constants it can, so the bool check of _refuse_bool_for_int runs at trace time too, without a graph break.
+# constants it can, so the check of _refuse_non_int runs at trace time too, without a graph break.
 # The public operators (tests/python/test_compile.py checks that these are all the extension defines; a name
 # read from the dispatcher at import would also take another library's registrations in the namespace).
 PUBLIC_OPERATORS = ("moe_init_routing", "moe_init_routing_v2", "moe_init_routing_grad", "moe_finalize_routing",
@@ -95,17 +100,40 @@ _INT_ARGUMENTS = {op: _int_argument_table(op)
                   for op in (packet, *(getattr(packet, overload) for overload in packet.overloads()))}
 
 
-def _is_bool(value) -> bool:
-    """A Python, NumPy or 0-dim torch bool (each of which PyTorch's schema takes for an int). An int or a SymInt
-    is none, answered before any attribute is read (torch.compile traces that for a symbolic one too). Under
-    torch.compile only a Python bool is one: a tensor or a NumPy scalar for an int argument is refused there by
-    PyTorch's schema (no value to pass as an int at trace time), which reading its dtype would pre-empt with
-    Dynamo's "ndarray attribute access" or "repr() on tensor" instead."""
+# The dtypes of a tensor an int argument takes: a 0-dim one of these, as PyTorch's schema reads it (__index__).
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32,
+                   torch.uint64)
+
+
+def _not_an_int(value) -> bool:
+    """value, given for an int argument, is not an int that PyTorch's schema would pass on as it is, but one it
+    would take as something else: a bool (Python, NumPy or torch: 1 or 0); a tensor other than a 0-dim integer
+    one (a floating one truncated - 2.5 as 2 -, a single-element one of more dimensions unwrapped); in eager mode
+    anything else it converts with __int__ for want of __index__ (a NumPy float array, a Decimal, a Fraction:
+    truncated too). An int or a SymInt is none, answered before any attribute is read (torch.compile traces that
+    for a symbolic one too); what the schema refuses anyway (a str, a dtype it takes as its code) is left to it.
+    Under torch.compile a tensor's rank and dtype are constants, so the check runs at trace time without a graph
+    break. Dynamo makes a NumPy value a tensor (reading its own dtype is "ndarray attribute access"): a floating
+    or bool one is refused by its tensor's dtype, though not described (its repr is Dynamo's "repr() on
+    tensor": fullgraph=True stops with that, and without it the frame runs eagerly with eager's message)."""
     if type(value) is bool:
         return True
-    if value is None or isinstance(value, (int, torch.SymInt)) or torch.compiler.is_compiling():
+    if value is None or isinstance(value, (int, torch.SymInt)):
         return False
-    return str(getattr(value, "dtype", "")) in ("bool", "torch.bool")
+    if isinstance(value, torch.Tensor):
+        return value.dim() != 0 or value.dtype not in _INTEGER_DTYPES
+    if torch.compiler.is_compiling():
+        # Dynamo sees any NumPy value as an ndarray, whose dtype it reads only through a tensor of it. For a
+        # SymInt argument (active_num) the schema took a floating one as its truncation.
+        return (_numpy is not None and isinstance(value, _numpy.ndarray)
+                and torch.as_tensor(value).dtype not in _INTEGER_DTYPES)
+    if str(getattr(value, "dtype", "")) == "bool":  # a NumPy bool, whichever NumPy (older ones had __index__)
+        return True
+    try:
+        operator.index(value)
+        return False
+    except TypeError:
+        return hasattr(value, "__int__") and not isinstance(value, float)  # the schema refuses a float itself
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -115,34 +143,35 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def not_an_int_error(function: str, name: str, value) -> ValueError:
     """The refusal of `value` for the int argument `name`, in one wording wherever it is refused: the operators
-    (a bool, which PyTorch's schema would take as 1 or 0, and what the schema refuses), the ports' refuse_bools
-    and check_int. A tensor - a bool one, a float one, one of more dimensions - is described by its rank and
-    dtype (an int argument takes a 0-dim integer tensor in eager mode); anything else by its repr."""
+    (what _not_an_int finds, which PyTorch's schema would take as another int, and what the schema refuses), the
+    ports' refuse_non_ints and check_int. A tensor - a bool one, a float one, one of more dimensions - is
+    described by its rank and dtype (an int argument takes a 0-dim integer tensor); anything else by its repr."""
     if isinstance(value, torch.Tensor):
         return ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a {value.dim()}-D "
                           f"{dtype_name(value.dtype)} tensor")
     return ValueError(f"{function}: {name} must be an int, got {value!r}")
 
 
-def _refuse_bool_for_int(op, args, kwargs):
-    """A bool given for an int argument (drop_pad_mode=True, k=False) is a ValueError naming it, as the ports
-    and the distributed layer refuse it: PyTorch's schema takes it as 1 or 0. A bool argument still takes one.
-    Under torch.compile too: a bool is a constant while tracing, so the check runs at trace time (it reads only
-    the constant _INT_ARGUMENTS) and adds nothing to the graph; the traced error carries this message."""
+def _refuse_non_int(op, args, kwargs):
+    """A value given for an int argument that PyTorch's schema would take as another int (_not_an_int: a bool as
+    1 or 0, k=torch.tensor(2.5) as 2) is a ValueError naming it, as the ports and the distributed layer refuse
+    it. A bool argument still takes a bool. Under torch.compile too: a bool, and a tensor's rank and dtype, are
+    constants while tracing, so the check runs at trace time (it reads only the constant _INT_ARGUMENTS) and adds
+    nothing to the graph; the traced error carries this message."""
     function, positional, names = _INT_ARGUMENTS[op]
     for i, name in positional:
-        if i < len(args) and _is_bool(args[i]):
+        if i < len(args) and _not_an_int(args[i]):
             raise not_an_int_error(function, name, args[i])
     for name, value in kwargs.items():
-        if name in names and _is_bool(value):
+        if name in names and _not_an_int(value):
             raise not_an_int_error(function, name, value)
 
 
 def _call(op, *args, **kwargs):
     """op(*args, **kwargs) for the out= overloads and for calls inside a torch.autograd.Function
-    (_functional does this for the functional ones): a bool for an int argument refused, then traced as it is
+    (_functional does this for the functional ones): a non-int for an int argument refused, then traced as it is
     under torch.compile, else _eager."""
-    _refuse_bool_for_int(op, args, kwargs)
+    _refuse_non_int(op, args, kwargs)
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
     return _eager(op, *args, **kwargs)
@@ -205,7 +234,7 @@ def _functional(op, *args, **kwargs):
     as a one-token call's whole kernel (docs/PERFORMANCE.md, "What a training step sees"). The refusal of
     forward-mode AD is the operators' own (their ADInplaceOrView kernel, which runs below the Autograd key too,
     and _autograd.refuse_forward_ad where autograd records the call)."""
-    _refuse_bool_for_int(op, args, kwargs)
+    _refuse_non_int(op, args, kwargs)
     if torch.compiler.is_compiling():
         return op(*args, **kwargs)
     if (torch._C._functorch.peek_interpreter_stack() is not None
@@ -472,7 +501,7 @@ def _two_ints(op: str, name: str, values) -> list:
     """A list of two ints from any sequence of two integer values; floats and bools are refused rather than
     truncated or taken as 0 and 1 ([0.9, 2.9] is not [0, 2], [False, 4] is not [0, 4])."""
     try:
-        result = None if any(_is_bool(v) for v in values) else [operator.index(v) for v in values]
+        result = None if any(_not_an_int(v) for v in values) else [operator.index(v) for v in values]
     except TypeError:
         result = None
     if result is None or len(result) != 2:

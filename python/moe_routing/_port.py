@@ -14,7 +14,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _is_bool, dtype_name, func_transform_error,
+from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _not_an_int, dtype_name, func_transform_error,
                    moe_finalize_routing, moe_init_routing_v2, non_dense_kind, not_an_int_error)
 from ._autograd import refuse_forward_ad
 
@@ -72,13 +72,11 @@ def check_device(function: str, tensors: Dict[str, Optional[torch.Tensor]]) -> N
 
 
 def check_int(function: str, name: str, value, minimum: Optional[int] = None):
-    """An int (or SymInt, or a 0-dim integer tensor) >= minimum; floats and bools are refused
-    rather than truncated."""
-    if isinstance(value, bool):
+    """An int (or SymInt, or a 0-dim integer tensor) >= minimum; floats, bools, complex and other
+    tensors are refused rather than truncated (the operators' check, _not_an_int)."""
+    if _not_an_int(value):
         raise not_an_int_error(function, name, value)
     if isinstance(value, torch.Tensor):
-        if value.dim() != 0 or value.dtype.is_floating_point or value.dtype == torch.bool:
-            raise not_an_int_error(function, name, value)
         value = int(value)
     elif not isinstance(value, (int, torch.SymInt)):
         # Not for an int: under torch.compile a symbolic int (x.shape[0] * k) is an int to Dynamo, not
@@ -93,12 +91,13 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     return value
 
 
-def refuse_bools(function: str, values: Dict[str, object]) -> None:
-    """No bool among these int arguments (name -> value), which the caller passes on to an operator as they
-    are: the operator refuses one too, but in its own name, which renamed_errors cannot replace under
-    torch.compile. A constant while tracing, so this runs at trace time, adding nothing to the graph."""
+def refuse_non_ints(function: str, values: Dict[str, object]) -> None:
+    """Nothing among these int arguments (name -> value), which the caller passes on to an operator as they
+    are, that PyTorch's schema would take as another int (a bool, a floating tensor: _not_an_int): the operator
+    refuses it too, but in its own name, which renamed_errors cannot replace under torch.compile. Constants
+    while tracing, so this runs at trace time, adding nothing to the graph."""
     for name, value in values.items():
-        if _is_bool(value):
+        if _not_an_int(value):
             raise not_an_int_error(function, name, value)
 
 

@@ -27,7 +27,7 @@ import torch
 from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_tensor, first_true, int32_index,
-                    is_compiling, position, refuse_bools, renamed_errors, sorted_rows, weighted_combine)
+                    is_compiling, position, refuse_non_ints, renamed_errors, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_compute_expert_tokens"]
@@ -113,9 +113,9 @@ def npu_moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, *, scale:
     empty = active_expert_range is None or len(active_expert_range) == 0
     expert_range = None if empty else list(active_expert_range)
     active_num = check_int(function, "active_num", active_num)
-    refuse_bools(function, {"expert_capacity": expert_capacity, "expert_num": expert_num,
-                            "drop_pad_mode": drop_pad_mode, "expert_tokens_num_type": expert_tokens_num_type,
-                            "quant_mode": quant_mode, "row_idx_type": row_idx_type, "x_dtype": x_dtype})
+    refuse_non_ints(function, {"expert_capacity": expert_capacity, "expert_num": expert_num,
+                               "drop_pad_mode": drop_pad_mode, "expert_tokens_num_type": expert_tokens_num_type,
+                               "quant_mode": quant_mode, "row_idx_type": row_idx_type, "x_dtype": x_dtype})
     # torch_npu keeps every pair for any active_num <= 0; moe_init_routing's "all" is -1 / 0.
     expanded_x, expanded_row_idx, counts, expanded_scale, _ = renamed_errors(
         function, lambda: moe_init_routing(
@@ -160,7 +160,7 @@ def npu_moe_finalize_routing(expanded_permuted_rows: torch.Tensor, skip1: Option
     if export_for_source_row is _MISSING:
         raise TypeError(f"{function}: missing required argument export_for_source_row (the expert ids, or None), "
                         f"got neither it nor expert_for_source_row")
-    refuse_bools(function, {"drop_pad_mode": drop_pad_mode, "k": k})
+    refuse_non_ints(function, {"drop_pad_mode": drop_pad_mode, "k": k})
     names = {"expanded_x": "expanded_permuted_rows", "expanded_row_idx": "expanded_src_to_dst_row", "x1": "skip1",
              "x2": "skip2", "expert_idx": "export_for_source_row"}
     return renamed_errors(function, lambda: moe_finalize_routing(

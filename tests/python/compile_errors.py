@@ -10,6 +10,36 @@ MOE_INIT_ROUTING_INT_ARGUMENTS = (("active_num", True), ("expert_capacity", True
                                   ("drop_pad_mode", False), ("expert_tokens_num_type", True), ("quant_mode", False),
                                   ("row_idx_type", True), ("x_dtype", False))
 
+# Tensors for an int argument that PyTorch's schema took as another int (a floating one as its truncation,
+# torch.tensor(2.5) as 2; a complex one or a bool one; a single-element one of more dimensions as its element),
+# and their ids: every int argument refuses each, eager and compiled. A 0-dim integer tensor is an int.
+NON_INT_TENSORS = (torch.tensor(2.5), torch.tensor(2.5, dtype=torch.float64), torch.tensor(2.5 + 0j),
+                   torch.tensor(True), torch.tensor([2]))
+NON_INT_TENSOR_IDS = ("float32", "float64", "complex64", "bool", "1d_int64")
+
+
+def non_int_tensor_message(function: str, argument: str, tensor: torch.Tensor) -> str:
+    """The refusal of tensor (one of NON_INT_TENSORS) for the int argument of function."""
+    return (f"{function}: {argument} must be an int or a 0-dim integer tensor, got a {tensor.dim()}-D "
+            f"{str(tensor.dtype).replace('torch.', '')} tensor")
+
+
+def outcome(call):
+    """What call() gives: ("returned", its tensors, flattened) or ("raised", type, message)."""
+    try:
+        result = call()
+    except Exception as error:  # noqa: BLE001 - the type and message are what is compared
+        return "raised", type(error), str(error)
+    flat = result if isinstance(result, (tuple, list)) else (result,)
+    return "returned", [t for t in flat if t is not None]
+
+
+def same_outcome(a, b) -> bool:
+    """Two outcome()s are one: equal tensors, or the same exception type and message."""
+    if a[0] != b[0] or a[0] == "raised":
+        return a == b
+    return len(a[1]) == len(b[1]) and all(torch.equal(s, t) for s, t in zip(a[1], b[1]))
+
 
 def assert_compiled_raises_value_error(message: str, fn, *args) -> None:
     """torch.compile(fn, fullgraph=True)(*args) stops at trace time with ValueError(message). Raised by our

@@ -4,6 +4,7 @@ CANN's documentation (torchapi_moe_init_routing.md: single operator and graph mo
 seed article's two examples (torchapi_moe_init_routing_grad.md: manual and automatic backward) run
 here as written, with `.npu()` / device="npu" dropped."""
 import inspect
+import re
 
 import numpy
 import pytest
@@ -145,6 +146,30 @@ def test_a_bool_for_an_int_is_a_value_error_naming_it():
     # A bool for a bool argument is one, and an int for an int still is.
     assert moe_init_routing_v2(x, expert_idx, 0, 0, 0, 0, 0, False)[0].shape == (8, 3)
     assert moe_finalize_routing(rows, index, k=2).shape == (4, 3)
+
+
+def test_a_value_the_schema_would_truncate_for_an_int_is_a_value_error_naming_it():
+    # PyTorch's schema converts a value without __index__ through __int__: a NumPy float array (k=array(2.5)
+    # combined two experts per token), a Decimal, a Fraction were taken as their truncation. Refused now, as a
+    # float is; a NumPy int, scalar or 0-dim array, is still an int. (Tensors: test_compile.py.)
+    from decimal import Decimal
+    from fractions import Fraction
+    x, expert_idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    for value in (numpy.array(2.5), numpy.array(2.5, dtype=numpy.float32), numpy.array([2]), Decimal("2.5"),
+                  Fraction(5, 2)):
+        for function, argument, call in (
+                ("moe_finalize_routing", "k", lambda v: moe_finalize_routing(rows, index, k=v)),
+                ("moe_init_routing_v2", "active_num", lambda v: moe_init_routing_v2(x, expert_idx, v)),
+                ("moe_init_routing", "expert_num", lambda v: moe_init_routing(x, expert_idx, expert_num=v)),
+                ("moe_finalize_routing_grad", "drop_pad_mode",
+                 lambda v: moe_finalize_routing_grad(torch.randn(4, 3), index, drop_pad_mode=v))):
+            message = f"{function}: {argument} must be an int, got {value!r}"
+            with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+                call(value)
+    for value in (numpy.int64(2), numpy.array(2), numpy.int32(2)):
+        assert torch.equal(moe_finalize_routing(rows, index, k=value), moe_finalize_routing(rows, index, k=2))
+        assert torch.equal(moe_init_routing_v2(x, expert_idx, value)[0], moe_init_routing_v2(x, expert_idx, 2)[0])
 
 
 def test_an_int_outside_int64_is_a_value_error_naming_it():

@@ -1,13 +1,16 @@
 """torch.library.opcheck for every operator, fake shapes equal real shapes, and torch.compile
 (fullgraph) of a small MoE layer matching eager bitwise."""
 import os
+import re
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 import moe_routing
-from compile_errors import MOE_INIT_ROUTING_INT_ARGUMENTS, assert_compiled_raises_value_error
+from compile_errors import (MOE_INIT_ROUTING_INT_ARGUMENTS, NON_INT_TENSOR_IDS, NON_INT_TENSORS,
+                            assert_compiled_raises_value_error, non_int_tensor_message, outcome, same_outcome)
 from reference import random_values
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
@@ -213,8 +216,9 @@ def _init_out():
 
 
 # (operator, argument, the bool given, a call of it taking (x, expert_idx, rows, index, flag)): every int argument
-# of every operator, positional or by keyword as the public function takes it, and each out= variant once.
-BOOL_FOR_INT_CASES = [
+# of every operator, positional or by keyword as the public function takes it, and each out= variant once. The
+# bool cases give the flag; the tensor cases give the tensor for it (the call's other arguments take 0 or 1).
+INT_ARGUMENT_CASES = [
     ("moe_init_routing_grad", "top_k", True, lambda x, i, r, e, b: moe_routing.moe_init_routing_grad(r, e, b)),
     ("moe_init_routing_grad", "drop_pad_mode", False,
      lambda x, i, r, e, b: moe_routing.moe_init_routing_grad(r, e, 1, b)),
@@ -250,18 +254,84 @@ BOOL_FOR_INT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("operator,argument,flag,call", BOOL_FOR_INT_CASES,
-                         ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(BOOL_FOR_INT_CASES)])
+INT_ARGUMENT_IDS = [f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(INT_ARGUMENT_CASES)]
+
+
+def _int_argument_inputs():
+    """(x, expert_idx, rows, index): the inputs each call of INT_ARGUMENT_CASES takes before the int."""
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+    return x, idx, torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("operator,argument,flag,call", INT_ARGUMENT_CASES, ids=INT_ARGUMENT_IDS)
 def test_compiled_call_refuses_a_bool_for_an_int(operator, argument, flag, call):
     # Under torch.compile the bool check was skipped and PyTorch's schema took True as 1, False as 0 (k=True
     # combined one expert per token): a silent wrong answer compiled only. A bool is a constant while tracing,
     # so the check runs at trace time, and fullgraph=True stops with eager's message.
-    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
-    rows, index = torch.randn(8, 3), torch.arange(8, dtype=torch.int32)
+    inputs = _int_argument_inputs()
     message = f"{operator}: {argument} must be an int, got {flag}"
     with pytest.raises(ValueError, match=f"^{message}$"):
-        call(x, idx, rows, index, flag)  # eager: the same message
-    assert_compiled_raises_value_error(message, call, x, idx, rows, index, flag)
+        call(*inputs, flag)  # eager: the same message
+    assert_compiled_raises_value_error(message, call, *inputs, flag)
+
+
+@pytest.mark.parametrize("value", NON_INT_TENSORS, ids=NON_INT_TENSOR_IDS)
+@pytest.mark.parametrize("operator,argument,flag,call", INT_ARGUMENT_CASES, ids=INT_ARGUMENT_IDS)
+def test_a_tensor_other_than_a_0_dim_integer_one_for_an_int_is_refused(operator, argument, flag, call, value):
+    # PyTorch's schema took a floating tensor as its truncation (k=torch.tensor(2.5) combined two experts per
+    # token) and a single-element one of more dimensions as its element, eager and compiled; the check refused
+    # only bools (compiled, only Python ones). A tensor's rank and dtype are constants while tracing, so the
+    # compiled call stops at trace time with eager's message.
+    inputs = _int_argument_inputs()
+    message = non_int_tensor_message(operator, argument, value)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call(*inputs, value)
+    assert_compiled_raises_value_error(message, call, *inputs, value)
+
+
+@pytest.mark.parametrize("value", [np.float64(2.5), np.array(2.5), np.array(2.5, dtype=np.float32)],
+                         ids=["float64_scalar", "float64_array", "float32_array"])
+def test_a_numpy_float_for_a_symint_argument_is_refused_compiled(value):
+    # Dynamo hands a NumPy value on as a tensor; for a SymInt argument (active_num) the schema took a floating one
+    # as its truncation (2 rows kept for 2.5), compiled only (eager refused np.float64 and now np.array(2.5)).
+    # Dynamo cannot describe one while tracing ("repr() on tensor"), so fullgraph=True stops with that; without
+    # it, the frame falls back to eager and eager's ValueError comes out. A NumPy int is still an int compiled.
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=torch.int32)
+
+    def dispatch(x, idx, active_num):
+        return moe_routing.moe_init_routing_v2(x, idx, active_num)[0]
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception) as info:
+        torch.compile(dispatch, fullgraph=True, backend="eager")(x, idx, value)
+    assert isinstance(info.value, torch._dynamo.exc.TorchDynamoException), repr(info.value)
+    torch._dynamo.reset()
+    message = f"moe_init_routing_v2: active_num must be an int, got {value!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        torch.compile(dispatch, backend="eager")(x, idx, value)
+    for integer in (np.int64(3), np.array(3)):
+        torch._dynamo.reset()
+        compiled = torch.compile(dispatch, fullgraph=True, backend="eager")
+        assert torch.equal(compiled(x, idx, integer), dispatch(x, idx, 3))
+
+
+@pytest.mark.parametrize("operator,argument,flag,call", INT_ARGUMENT_CASES, ids=INT_ARGUMENT_IDS)
+def test_a_0_dim_integer_tensor_for_an_int_is_the_int_it_holds(operator, argument, flag, call):
+    # The refusal of other tensors keeps these as they were. Eager: int64 and int32 give what the int gives
+    # (the same outputs, or the same error). Compiled, an int64 one for a SymInt argument (active_num, ...) too;
+    # for an int one Dynamo stops (no int to pass while tracing): never another answer.
+    inputs, value = _int_argument_inputs(), int(flag)
+    expected = outcome(lambda: call(*inputs, value))
+    for tensor in (torch.tensor(value), torch.tensor(value, dtype=torch.int32)):
+        assert same_outcome(outcome(lambda: call(*inputs, tensor)), expected), (tensor, expected)
+    schema = getattr(torch.ops.moe_routing, operator).default._schema
+    symbolic = [str(a.type) for a in schema.arguments if a.name == argument][0] in ("SymInt", "Optional[SymInt]")
+    torch._dynamo.reset()
+    compiled = outcome(lambda: torch.compile(call, fullgraph=True, backend="eager")(*inputs, torch.tensor(value)))
+    if compiled[0] == "raised":
+        assert not (symbolic and expected[0] == "returned"), compiled
+    else:
+        assert same_outcome(compiled, expected), (compiled, expected)
 
 
 def test_compiled_call_without_fullgraph_raises_the_value_error_itself():

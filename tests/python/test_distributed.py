@@ -246,14 +246,17 @@ def test_world_of_one_without_torch_distributed(spec):
     (dict(num_experts=0), "dispatch: num_experts must be >= 1, got 0"),
     (dict(num_experts=4.0), "dispatch: num_experts must be an int, got 4.0"),
     (dict(num_experts=True), "dispatch: num_experts must be an int, got True"),
+    # check_int took a complex tensor as int() does (2.5+0j as 2).
+    (dict(num_experts=torch.tensor(2.5 + 0j)),
+     "dispatch: num_experts must be an int or a 0-dim integer tensor, got a 0-D complex64 tensor"),
     (dict(expert_capacity=0), "dispatch: expert_capacity must be >= 1, got 0"),
     (dict(numerics="a3"), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
     # Unhashable: once a TypeError on this rank alone, before the exchange (its peers waited).
     (dict(numerics=["atlas_a2"]), 'dispatch: numerics must be "atlas_a2" or "ascend_950", got "[\'atlas_a2\']"'),
     (dict(combine_numerics="a3"), 'combine: numerics must be "atlas_a2" or "ascend_950", got "a3"'),
     (dict(combine_numerics=["a3"]), 'combine: numerics must be "atlas_a2" or "ascend_950", got "[\'a3\']"'),
-], ids=["num_experts_0", "num_experts_float", "num_experts_bool", "capacity_0", "dispatch_numerics",
-        "dispatch_numerics_list", "combine_numerics", "combine_numerics_list"])
+], ids=["num_experts_0", "num_experts_float", "num_experts_bool", "num_experts_complex", "capacity_0",
+        "dispatch_numerics", "dispatch_numerics_list", "combine_numerics", "combine_numerics_list"])
 def test_bad_arguments_world_of_one(arguments, message):
     """The operators' shared argument checks (an int, not a float or a bool; the numerics names),
     named moe_routing.distributed.dispatch / combine."""
@@ -347,8 +350,9 @@ def test_all_to_all_splits_world_of_one():
                                                    "got 2")):
         ep.all_to_all(rows, [3], [2])
     # Floats, bools and strings were converted by int() (3.7 -> 3, True -> 1, "3" -> 3): refused now
-    # (found by an adversarial review).
-    for bad in ([3.7], [True], ["3"]):
+    # (found by an adversarial review). So are complex tensors, which check_int took as int() does (2.5+0j -> 2)
+    # or met with int()'s RuntimeError (2+1j), on this rank alone.
+    for bad in ([3.7], [True], ["3"], [torch.tensor(3.5 + 0j)], [torch.tensor(3 + 1j)]):
         with pytest.raises(ValueError, match=re.escape(prefix + "output_split_sizes must be 1 non-negative ints "
                                                        f"(one per rank), got {bad!r}")):
             ep.all_to_all(rows, bad, [3])

@@ -22,13 +22,15 @@ What is compared, and why:
   statement, close to Megatron's autograd, whose reduction order is PyTorch's).
 """
 import inspect
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from moe_routing.megatron import permute, unpermute
-from compile_errors import assert_compiled_raises_value_error
+from compile_errors import (NON_INT_TENSOR_IDS, NON_INT_TENSORS, assert_compiled_raises_value_error,
+                            non_int_tensor_message)
 from finalize_reference import grad_scales_sum
 from reference import assert_bitwise_equal, random_values
 
@@ -471,19 +473,36 @@ def test_compile_fullgraph_bit_for_bit(drop_and_pad, backend, dynamic):
         assert_bitwise_equal(eager, compiled)
 
 
-@pytest.mark.parametrize("function,argument,call", [
+# (function, argument, a call taking (tokens, routing_map, the value for the int)): the int arguments (align_size
+# is accepted and ignored, as Megatron's unfused path does).
+INT_ARGUMENT_CASES = [
     ("permute", "num_out_tokens", lambda t, m, b: permute(t, m, num_out_tokens=b)[0]),
     ("unpermute", "restore_shape",
      lambda t, m, b: unpermute(t.repeat(2, 1), torch.tensor([0, 1, 0, 1]), [2, b], None, m)),
-])
+]
+
+
+@pytest.mark.parametrize("function,argument,call", INT_ARGUMENT_CASES)
 def test_compiled_call_refuses_a_bool_for_an_int(function, argument, call):
-    # The int arguments (align_size is accepted and ignored, as Megatron's unfused path does) refuse a bool
-    # under torch.compile(fullgraph=True) as in eager.
+    # They refuse a bool under torch.compile(fullgraph=True) as in eager.
     tokens, routing_map = torch.randn(2, 3), torch.ones(2, 2, dtype=torch.bool)
     message = f"{function}: {argument} must be an int, got True"
     with pytest.raises(ValueError, match=f"^{message}$"):
         call(tokens, routing_map, True)
     assert_compiled_raises_value_error(message, call, tokens, routing_map, True)
+
+
+@pytest.mark.parametrize("value", NON_INT_TENSORS, ids=NON_INT_TENSOR_IDS)
+@pytest.mark.parametrize("function,argument,call", INT_ARGUMENT_CASES)
+def test_a_non_int_tensor_for_an_int_is_refused_eager_and_compiled(function, argument, call, value):
+    # And any tensor but a 0-dim integer one (check_int took a complex one as int() does: 2.5+0j as 2), while
+    # a 0-dim int64 one is the int it holds, eager.
+    tokens, routing_map = torch.randn(2, 3), torch.ones(2, 2, dtype=torch.bool)
+    message = non_int_tensor_message(function, argument, value)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call(tokens, routing_map, value)
+    assert_compiled_raises_value_error(message, call, tokens, routing_map, value)
+    assert torch.equal(call(tokens, routing_map, torch.tensor(3)), call(tokens, routing_map, 3))
 
 
 def test_a_sparse_input_is_a_value_error_naming_it():

@@ -10,7 +10,8 @@ import torch
 
 import moe_routing
 import moe_routing.torch_npu as torch_npu
-from compile_errors import MOE_INIT_ROUTING_INT_ARGUMENTS, assert_compiled_raises_value_error
+from compile_errors import (MOE_INIT_ROUTING_INT_ARGUMENTS, NON_INT_TENSOR_IDS, NON_INT_TENSORS,
+                            assert_compiled_raises_value_error, non_int_tensor_message, outcome, same_outcome)
 from finalize_reference import atlas_chunk, grad_scales_sum
 from reference import assert_bitwise_equal, grad_reference, random_values, v4_reference
 
@@ -707,8 +708,9 @@ def test_compiled_unpermute_refuses_int64_indices_beyond_int32():
 
 
 # (function, argument, the bool given, a call taking (x, expert_idx, rows, index, flag)): every int argument of
-# every function that has one (npu_moe_token_unpermute's restore_shape is ignored, as torch_npu ignores it).
-BOOL_FOR_INT_CASES = [
+# every function that has one (npu_moe_token_unpermute's restore_shape is ignored, as torch_npu ignores it). The
+# bool cases give the flag, the tensor cases a tensor for it.
+INT_ARGUMENT_CASES = [
     ("npu_moe_init_routing", "active_num", True,
      lambda x, i, r, e, b: torch_npu.npu_moe_init_routing(x, column_row_idx(4, 2), i, b)),
     *[("npu_moe_init_routing_v2", name, flag,
@@ -724,8 +726,8 @@ BOOL_FOR_INT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("function,argument,flag,call", BOOL_FOR_INT_CASES,
-                         ids=[f"{c[0]}-{c[1]}" for c in BOOL_FOR_INT_CASES])
+@pytest.mark.parametrize("function,argument,flag,call", INT_ARGUMENT_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in INT_ARGUMENT_CASES])
 def test_compiled_call_refuses_a_bool_for_an_int(function, argument, flag, call):
     """A bool for an int argument is eager's ValueError under torch.compile(fullgraph=True) too, naming the
     function: the ints passed on to an operator were refused only by the operator, which under torch.compile
@@ -738,21 +740,37 @@ def test_compiled_call_refuses_a_bool_for_an_int(function, argument, flag, call)
     assert_compiled_raises_value_error(message, call, x, idx, rows, index, flag)
 
 
-@pytest.mark.parametrize("function,argument,flag,call", BOOL_FOR_INT_CASES,
-                         ids=[f"{c[0]}-{c[1]}" for c in BOOL_FOR_INT_CASES])
-def test_a_bool_tensor_for_an_int_is_worded_alike_by_check_int_and_refuse_bools(function, argument, flag, call):
-    """A 0-dim bool tensor for an int argument: check_int (active_num, num_out_tokens, num_expert) and
-    refuse_bools (the ints handed on to an operator) refused it in two wordings ("got a 0-D bool tensor",
-    "got tensor(True)"); one helper words both, as the operators' own check does."""
-    from moe_routing._port import check_int, refuse_bools
+@pytest.mark.parametrize("value", NON_INT_TENSORS, ids=NON_INT_TENSOR_IDS)
+@pytest.mark.parametrize("function,argument,flag,call", INT_ARGUMENT_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in INT_ARGUMENT_CASES])
+def test_a_non_int_tensor_for_an_int_is_refused_alike_by_check_int_and_refuse_non_ints(function, argument, flag,
+                                                                                        call, value):
+    """A tensor other than a 0-dim integer one for an int argument, eager and compiled. refuse_non_ints (once
+    refuse_bools: the ints handed on to an operator) let a floating one through, which the operator took as its
+    truncation (k=torch.tensor(2.5) as 2), compiled too; check_int (active_num, num_out_tokens, num_expert) took
+    a complex one as int() does (2.5+0j as 2). A bool one they refused in two wordings ("got a 0-D bool
+    tensor", "got tensor(True)"); one helper words all, as the operators' own check does."""
+    from moe_routing._port import check_int, refuse_non_ints
     x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=I32)
     rows, index = torch.randn(8, 3), torch.arange(8, dtype=I32)
-    message = f"{function}: {argument} must be an int or a 0-dim integer tensor, got a 0-D bool tensor"
+    message = non_int_tensor_message(function, argument, value)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        call(x, idx, rows, index, torch.tensor(flag))
-    for check in (lambda v: check_int(function, argument, v), lambda v: refuse_bools(function, {argument: v})):
+        call(x, idx, rows, index, value)
+    for check in (lambda v: check_int(function, argument, v), lambda v: refuse_non_ints(function, {argument: v})):
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-            check(torch.tensor(flag))
+            check(value)
+    assert_compiled_raises_value_error(message, call, x, idx, rows, index, value)
+
+
+@pytest.mark.parametrize("function,argument,flag,call", INT_ARGUMENT_CASES,
+                         ids=[f"{c[0]}-{c[1]}" for c in INT_ARGUMENT_CASES])
+def test_a_0_dim_integer_tensor_for_an_int_is_the_int_it_holds(function, argument, flag, call):
+    """The refusal of other tensors keeps these: an int64 or int32 one gives what its int gives (eager)."""
+    x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=I32)
+    rows, index = torch.randn(8, 3), torch.arange(8, dtype=I32)
+    expected = outcome(lambda: call(x, idx, rows, index, int(flag)))
+    for tensor in (torch.tensor(int(flag)), torch.tensor(int(flag), dtype=I32)):
+        assert same_outcome(outcome(lambda: call(x, idx, rows, index, tensor)), expected), (tensor, expected)
 
 
 def test_compiled_ports_keep_the_token_count_symbolic():
