@@ -105,13 +105,19 @@ _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int6
                    torch.uint64)
 
 
-def _not_an_int(value) -> bool:
+# The int arguments whose value names a dtype (CANN's x_dtype: torch_npu passes a torch dtype, which the schema
+# takes as its code): a torch.dtype is one of their values, and no other int argument's.
+_DTYPE_CODE_ARGUMENTS = frozenset({"x_dtype"})
+
+
+def _not_an_int(value, name: str = "") -> bool:
     """value, given for an int argument, is not an int that PyTorch's schema would pass on as it is, but one it
     would take as something else: a bool (Python, NumPy or torch: 1 or 0); a tensor other than a 0-dim integer
     one (a floating one truncated - 2.5 as 2 -, a single-element one of more dimensions unwrapped); in eager mode
     anything else it converts with __int__ for want of __index__ (a NumPy float array, a Decimal, a Fraction:
-    truncated too). An int or a SymInt is none, answered before any attribute is read (torch.compile traces that
-    for a symbolic one too); what the schema refuses anyway (a str, a dtype it takes as its code) is left to it.
+    truncated too); a torch.dtype, which it takes as its code (expert_num=torch.int64 as 4), unless the argument
+    `name` names a dtype (_DTYPE_CODE_ARGUMENTS). An int or a SymInt is none, answered before any attribute is read
+    (torch.compile traces that for a symbolic one too); what the schema refuses anyway (a str) is left to it.
     Under torch.compile a tensor's rank and dtype are constants, so the check runs at trace time without a graph
     break. Dynamo makes a NumPy value a tensor (reading its own dtype is "ndarray attribute access"): a floating
     or bool one is refused by its tensor's dtype, though not described (its repr is Dynamo's "repr() on
@@ -120,6 +126,8 @@ def _not_an_int(value) -> bool:
         return True
     if value is None or isinstance(value, (int, torch.SymInt)):
         return False
+    if isinstance(value, torch.dtype):
+        return name not in _DTYPE_CODE_ARGUMENTS
     if isinstance(value, torch.Tensor):
         return value.dim() != 0 or value.dtype not in _INTEGER_DTYPES
     if torch.compiler.is_compiling():
@@ -160,10 +168,10 @@ def _refuse_non_int(op, args, kwargs):
     nothing to the graph; the traced error carries this message."""
     function, positional, names = _INT_ARGUMENTS[op]
     for i, name in positional:
-        if i < len(args) and _not_an_int(args[i]):
+        if i < len(args) and _not_an_int(args[i], name):
             raise not_an_int_error(function, name, args[i])
     for name, value in kwargs.items():
-        if name in names and _not_an_int(value):
+        if name in names and _not_an_int(value, name):
             raise not_an_int_error(function, name, value)
 
 

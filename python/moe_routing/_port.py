@@ -97,7 +97,7 @@ def refuse_non_ints(function: str, values: Dict[str, object]) -> None:
     refuses it too, but in its own name, which renamed_errors cannot replace under torch.compile. Constants
     while tracing, so this runs at trace time, adding nothing to the graph."""
     for name, value in values.items():
-        if _not_an_int(value):
+        if _not_an_int(value, name):
             raise not_an_int_error(function, name, value)
 
 

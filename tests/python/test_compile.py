@@ -289,6 +289,20 @@ def test_a_tensor_other_than_a_0_dim_integer_one_for_an_int_is_refused(operator,
     assert_compiled_raises_value_error(message, call, *inputs, value)
 
 
+@pytest.mark.parametrize("operator,argument,flag,call", INT_ARGUMENT_CASES, ids=INT_ARGUMENT_IDS)
+def test_a_dtype_for_an_int_is_refused(operator, argument, flag, call):
+    # PyTorch's schema took a torch.dtype as its code (expert_num=torch.int64 as 4, k=torch.int32 as 3), eager and
+    # compiled: a silent wrong answer. A dtype is a constant while tracing, so the compiled call stops at trace
+    # time with eager's message. x_dtype names a dtype (torch_npu passes one): it keeps taking it (test_forward).
+    if argument == "x_dtype":
+        return
+    inputs = _int_argument_inputs()
+    message = f"{operator}: {argument} must be an int, got torch.int64"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        call(*inputs, torch.int64)
+    assert_compiled_raises_value_error(message, call, *inputs, torch.int64)
+
+
 @pytest.mark.parametrize("value", [np.float64(2.5), np.array(2.5), np.array(2.5, dtype=np.float32)],
                          ids=["float64_scalar", "float64_array", "float32_array"])
 def test_a_numpy_float_for_a_symint_argument_is_refused_compiled(value):
