@@ -109,6 +109,10 @@ _INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int6
 # takes as its code): a torch.dtype is one of their values, and no other int argument's.
 _DTYPE_CODE_ARGUMENTS = frozenset({"x_dtype"})
 
+# PyTorch's other enum values, each of which its schema takes as its code for an int (k=torch.channels_last as
+# 2, torch.strided as 0): never an int argument's value.
+_TORCH_ENUMS = (torch.layout, torch.memory_format, torch.qscheme)
+
 
 def _not_an_int(value, name: str = "") -> bool:
     """value, given for an int argument, is not an int that PyTorch's schema would pass on as it is, but one it
@@ -116,7 +120,8 @@ def _not_an_int(value, name: str = "") -> bool:
     one (a floating one truncated - 2.5 as 2 -, a single-element one of more dimensions unwrapped); in eager mode
     anything else it converts with __int__ for want of __index__ (a NumPy float array, a Decimal, a Fraction:
     truncated too); a torch.dtype, which it takes as its code (expert_num=torch.int64 as 4), unless the argument
-    `name` names a dtype (_DTYPE_CODE_ARGUMENTS). An int or a SymInt is none, answered before any attribute is read
+    `name` names a dtype (_DTYPE_CODE_ARGUMENTS); a torch.layout, memory_format or qscheme (_TORCH_ENUMS), taken
+    as its code too. An int or a SymInt is none, answered before any attribute is read
     (torch.compile traces that for a symbolic one too); what the schema refuses anyway (a str) is left to it.
     Under torch.compile a tensor's rank and dtype are constants, so the check runs at trace time without a graph
     break. Dynamo makes a NumPy value a tensor (reading its own dtype is "ndarray attribute access"): a floating
@@ -128,6 +133,8 @@ def _not_an_int(value, name: str = "") -> bool:
         return False
     if isinstance(value, torch.dtype):
         return name not in _DTYPE_CODE_ARGUMENTS
+    if isinstance(value, _TORCH_ENUMS):
+        return True
     if isinstance(value, torch.Tensor):
         return value.dim() != 0 or value.dtype not in _INTEGER_DTYPES
     if torch.compiler.is_compiling():
@@ -153,11 +160,26 @@ def not_an_int_error(function: str, name: str, value) -> ValueError:
     """The refusal of `value` for the int argument `name`, in one wording wherever it is refused: the operators
     (what _not_an_int finds, which PyTorch's schema would take as another int, and what the schema refuses), the
     ports' refuse_non_ints and check_int. A tensor - a bool one, a float one, one of more dimensions - is
-    described by its rank and dtype (an int argument takes a 0-dim integer tensor); anything else by its repr."""
+    described by its rank and dtype (an int argument takes a 0-dim integer tensor); anything else by its repr
+    (a torch enum's str, the same text; a qscheme's from _QSCHEMES)."""
     if isinstance(value, torch.Tensor):
         return ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a {value.dim()}-D "
                           f"{dtype_name(value.dtype)} tensor")
+    if isinstance(value, torch.qscheme):
+        return ValueError(f"{function}: {name} must be an int, got {_qscheme_text(value)}")
+    if isinstance(value, (torch.dtype, *_TORCH_ENUMS)):  # str is its repr, and traceable where repr is not
+        return ValueError(f"{function}: {name} must be an int, got {value}")
     return ValueError(f"{function}: {name} must be an int, got {value!r}")
+
+
+# Every torch.qscheme with its text: Dynamo neither repr's nor str's one while tracing, but compares it.
+_QSCHEMES = tuple((value, str(value)) for value in dict.fromkeys(
+    value for value in vars(torch).values() if isinstance(value, torch.qscheme)))
+
+
+def _qscheme_text(value) -> str:
+    """A torch.qscheme as its repr reads ("torch.per_channel_affine"), eager and while tracing."""
+    return next(text for scheme, text in _QSCHEMES if scheme is value)
 
 
 def _refuse_non_int(op, args, kwargs):

@@ -289,18 +289,28 @@ def test_a_tensor_other_than_a_0_dim_integer_one_for_an_int_is_refused(operator,
     assert_compiled_raises_value_error(message, call, *inputs, value)
 
 
+# PyTorch's enum values, each of which its schema takes as its code for an int (torch.int64 as 4,
+# torch.channels_last as 2, torch.strided as 0, torch.per_channel_affine as 2).
+TORCH_ENUM_VALUES = [torch.int64, torch.channels_last, torch.strided, torch.per_channel_affine]
+TORCH_ENUM_IDS = ["dtype", "memory_format", "layout", "qscheme"]
+
+
+@pytest.mark.parametrize("value", TORCH_ENUM_VALUES, ids=TORCH_ENUM_IDS)
 @pytest.mark.parametrize("operator,argument,flag,call", INT_ARGUMENT_CASES, ids=INT_ARGUMENT_IDS)
-def test_a_dtype_for_an_int_is_refused(operator, argument, flag, call):
-    # PyTorch's schema took a torch.dtype as its code (expert_num=torch.int64 as 4, k=torch.int32 as 3), eager and
-    # compiled: a silent wrong answer. A dtype is a constant while tracing, so the compiled call stops at trace
-    # time with eager's message. x_dtype names a dtype (torch_npu passes one): it keeps taking it (test_forward).
-    if argument == "x_dtype":
-        return
+def test_a_torch_enum_for_an_int_is_refused(operator, argument, flag, call, value):
+    # PyTorch's schema took a torch.dtype, layout, memory_format or qscheme as its code (expert_num=torch.int64
+    # as 4, k=torch.channels_last as 2), eager and compiled: a silent wrong answer. Such a value is a constant
+    # while tracing, so the compiled call stops at trace time with eager's message. x_dtype names a dtype
+    # (torch_npu passes one): a dtype reaches its own check, which refuses every value but None as not supported.
     inputs = _int_argument_inputs()
-    message = f"{operator}: {argument} must be an int, got torch.int64"
+    if argument == "x_dtype" and isinstance(value, torch.dtype):
+        with pytest.raises(NotImplementedError, match="x_dtype must be None"):
+            call(*inputs, value)
+        return
+    message = f"{operator}: {argument} must be an int, got {value!r}"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        call(*inputs, torch.int64)
-    assert_compiled_raises_value_error(message, call, *inputs, torch.int64)
+        call(*inputs, value)
+    assert_compiled_raises_value_error(message, call, *inputs, value)
 
 
 @pytest.mark.parametrize("value", [np.float64(2.5), np.array(2.5), np.array(2.5, dtype=np.float32)],

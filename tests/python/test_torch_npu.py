@@ -762,26 +762,28 @@ def test_a_non_int_tensor_for_an_int_is_refused_alike_by_check_int_and_refuse_no
     assert_compiled_raises_value_error(message, call, x, idx, rows, index, value)
 
 
+@pytest.mark.parametrize("value", [torch.int64, torch.channels_last, torch.strided, torch.per_channel_affine],
+                         ids=["dtype", "memory_format", "layout", "qscheme"])
 @pytest.mark.parametrize("function,argument,flag,call", INT_ARGUMENT_CASES,
                          ids=[f"{c[0]}-{c[1]}" for c in INT_ARGUMENT_CASES])
-def test_a_dtype_for_an_int_is_refused(function, argument, flag, call):
-    """A torch.dtype for an int argument, eager and compiled: PyTorch's schema took it as its code
-    (expert_num=torch.int64 as 4) and check_int as not an int; x_dtype, which names a dtype, still takes one (and
-    refuses every value but None as not supported)."""
+def test_a_torch_enum_for_an_int_is_refused(function, argument, flag, call, value):
+    """A torch.dtype, layout, memory_format or qscheme for an int argument, eager and compiled: PyTorch's schema
+    took it as its code (expert_num=torch.int64 as 4, k=torch.channels_last as 2) and check_int as not an int;
+    x_dtype, which names a dtype, still takes a dtype (and refuses every value but None as not supported)."""
     from moe_routing._port import check_int, refuse_non_ints
     x, idx = torch.randn(4, 3), torch.tensor([[0, 1], [1, 2], [2, 3], [3, 0]], dtype=I32)
     rows, index = torch.randn(8, 3), torch.arange(8, dtype=I32)
-    if argument == "x_dtype":
+    if argument == "x_dtype" and isinstance(value, torch.dtype):
         with pytest.raises(NotImplementedError, match="x_dtype must be None"):
             call(x, idx, rows, index, torch.int8)
         return
-    message = f"{function}: {argument} must be an int, got torch.int64"
+    message = f"{function}: {argument} must be an int, got {value!r}"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        call(x, idx, rows, index, torch.int64)
+        call(x, idx, rows, index, value)
     for check in (lambda v: check_int(function, argument, v), lambda v: refuse_non_ints(function, {argument: v})):
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-            check(torch.int64)
-    assert_compiled_raises_value_error(message, call, x, idx, rows, index, torch.int64)
+            check(value)
+    assert_compiled_raises_value_error(message, call, x, idx, rows, index, value)
 
 
 @pytest.mark.parametrize("function,argument,flag,call", INT_ARGUMENT_CASES,

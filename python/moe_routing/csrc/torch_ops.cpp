@@ -58,7 +58,7 @@ struct ArgumentName {
 };
 
 /// moe_finalize_routing's top_k is `k` in CANN's torch-extension schema (ours): the Python caller
-/// passes k; the core, the C ABI and the CLI (--top-k) keep top_k.
+/// passes k; the core and the CLI (--top-k) keep top_k (the C ABI infers K from the shapes).
 constexpr ArgumentName kFinalizeRoutingNames[] = {{"top_k", "k"}};
 
 bool is_identifier_char(char c) {
