@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/cpu_tuning.h"
 #include "core/memory_hints.h"
 #include "moe_routing/tensor.h"
 
@@ -152,6 +153,47 @@ int64_t streaming_store_threshold() {
 
 void set_streaming_store_threshold_for_testing(int64_t bytes) {
   threshold_override().store(bytes > 0 ? bytes : 0);
+}
+
+CpuTuning cpu_tuning_for(bool amd, int family, bool avx512) {
+  return amd && family == 0x19 && avx512 ? CpuTuning::amd_zen4 : CpuTuning::standard;
+}
+
+namespace {
+
+CpuTuning detected_cpu_tuning() {
+#if defined(MOE_ROUTING_HAVE_AVX2)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return CpuTuning::standard;
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return CpuTuning::standard;
+  const unsigned base_family = (eax >> 8) & 0xf;
+  const int family = int(base_family == 0xf ? base_family + ((eax >> 20) & 0xff) : base_family);
+  return cpu_tuning_for(std::strcmp(vendor, "AuthenticAMD") == 0, family,
+                        cpu_isa_available(CpuIsa::avx512));
+#else
+  return CpuTuning::standard;
+#endif
+}
+
+std::atomic<int>& tuning_override() {  // -1: none
+  static std::atomic<int> value{-1};
+  return value;
+}
+
+}  // namespace
+
+CpuTuning cpu_tuning() {
+  static const CpuTuning detected = detected_cpu_tuning();
+  const int forced = tuning_override().load(std::memory_order_relaxed);
+  return forced >= 0 ? CpuTuning(forced) : detected;
+}
+
+void set_cpu_tuning_for_testing(const CpuTuning* tuning) {
+  tuning_override().store(tuning != nullptr ? int(*tuning) : -1);
 }
 
 }  // namespace detail

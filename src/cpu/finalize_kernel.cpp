@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/cpu_tuning.h"
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "cpu/cpu_backend.h"
@@ -37,22 +38,6 @@ int forward_threads(int64_t rows, int64_t top_k, int64_t hidden, DType dtype, in
   return detail::threads_for_bytes(detail::resolve_num_threads(num_threads), bytes);
 }
 
-/// The forward's prefetch distance for rows of `row_bytes` summed `top_k` at a time: with 8 or
-/// more, the smallest power of two >= row_bytes / 16 within [512, 1024] bytes, else 1 KiB.
-/// Measured paired (bf16, K = 8, two threads, 4096 tokens) on an AMD VM: at H = 7168 1 KiB is
-/// best (512 B: 4 % more time); at H = 4096 512 B takes 4 % less than 1 KiB (256 B ties with
-/// 512 B); at H = 2048 (4 KiB rows) 256 B took 12 % less than 1 KiB. On an Intel VM at H = 2048,
-/// 512 B took 6-7 % less than 256 B at 2048 and 4096 tokens (2 % more at 1024, where the sources
-/// sit in the cache), hence the lower bound. Each row's K sources are short streams: a long
-/// distance requests lines long before they are used, and past the row's end none are requested.
-/// With K = 2 (Mixtral, H = 4096) 512 B measured slower than 1 KiB.
-int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k) {
-  if (top_k < 8) return 1024;
-  int64_t bytes = 512;
-  while (bytes < 1024 && bytes * 16 < row_bytes) bytes *= 2;
-  return bytes;
-}
-
 /// The backward's two parallel passes: rows of grad_expanded_x (each reads its pairs' grad_y rows,
 /// and with grad_scales its expanded_x row too, and writes one row), then experts of grad_bias.
 struct GradThreads {
@@ -76,6 +61,14 @@ GradThreads grad_threads(int64_t expanded_rows, int64_t pairs, int64_t hidden, i
 }
 
 }  // namespace
+
+int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k, detail::CpuTuning tuning) {
+  if (top_k < 8) return 1024;
+  if (tuning == detail::CpuTuning::amd_zen4) return (row_bytes + 63) / 64 * 64;
+  int64_t bytes = 512;
+  while (bytes < 1024 && bytes * 16 < row_bytes) bytes *= 2;
+  return bytes;
+}
 
 int moe_finalize_routing_threads(const MoeFinalizeRoutingPlan& plan, int num_threads) {
   return forward_threads(plan.num_rows, plan.top_k, plan.hidden, plan.dtype, num_threads);
@@ -104,7 +97,7 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
   // Sources beyond half the streaming threshold (the last-level cache within 8-32 MiB) are not
   // expected to be in the cache (see kFinalizePrefetchLines).
   if (detail::saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
-    args.prefetch = finalize_prefetch_bytes(H * element, K);
+    args.prefetch = finalize_prefetch_bytes(H * element, K, detail::cpu_tuning());
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto kernel = &baseline::finalize_kernel;
 #if defined(MOE_ROUTING_HAVE_AVX2)

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/cpu_tuning.h"
 #include "moe_routing/tensor.h"
 #include "params/finalize_routing_problem.h"
 
@@ -22,6 +23,24 @@ struct FinalizeKernelArgs {
   /// requested at a row's start; 0: sources in the caches, only the next row's first lines.
   int64_t prefetch;
 };
+
+/// The forward's FinalizeKernelArgs::prefetch for sources far larger than the caches, rows of
+/// `row_bytes` summed `top_k` at a time, on a CPU of `tuning`. Each row's K sources are short
+/// streams, which the hardware prefetchers pick up only after their first misses.
+/// - standard: with K >= 8, the smallest power of two >= row_bytes / 16 within [512, 1024] bytes,
+///   requested ahead inside the rows (and as much of each next row at its start). Measured paired
+///   (bf16, K = 8, two threads, 4096 tokens) on an AMD VM: at H = 7168 1 KiB is best (512 B: 4 %
+///   more time); at H = 4096 512 B takes 4 % less than 1 KiB; at H = 2048 256 B took 12 % less
+///   than 1 KiB. On an Intel VM at H = 2048 512 B took 6-7 % less than 256 B at 2048 and 4096
+///   tokens, hence the lower bound (Qwen3-30B at 4096 tokens 83.7 % of its limit, from 74.9 %).
+/// - amd_zen4: with K >= 8, each next row's sources whole, requested at its start, and nothing
+///   inside the rows (the row length rounded up to a line: further than any column). Measured
+///   paired on a Zen 4 VM (two sets of five alternating rounds, 1024 and 4096 tokens, H =
+///   2048-7168): 3-15 % less time than the standard distances by the median of the per-round
+///   ratios in every training row of both sets; the standard distances had left four of the six
+///   rows at 72-78 % of their limit there.
+/// - K < 8 (Mixtral's K = 2): 1 KiB; 512 B measured slower there.
+int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k, detail::CpuTuning tuning);
 
 /// Terms of one row gathered per pass; a row with more runs several passes over each column
 /// tile, keeping the running sums in a buffer of kFinalizeAccColumns floats per tile.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/finalize_kernel.h"
 #include "finalize_cases.h"
 
 namespace moe_routing {
@@ -115,6 +116,48 @@ TEST(FinalizeRandom, ColumnStepBoundariesMatchTheReference) {
         FinalizeCase c = testing::make_finalize_case(rng, d.dtype, 2, numerics, o, 3, 3, h);
         expect_all_runners_match(c, describe_case(c) + (streamed ? " streamed" : ""));
       });
+}
+
+TEST(FinalizeRandom, PrefetchDistanceFollowsTheCpuTuning) {
+  using detail::CpuTuning;
+  // Zen 4 is AMD's family 19h with AVX-512; Zen 3 (no AVX-512), Zen 5 (family 1Ah) and Intel are
+  // not.
+  EXPECT_EQ(detail::cpu_tuning_for(true, 0x19, true), CpuTuning::amd_zen4);
+  EXPECT_EQ(detail::cpu_tuning_for(true, 0x19, false), CpuTuning::standard);
+  EXPECT_EQ(detail::cpu_tuning_for(true, 0x1a, true), CpuTuning::standard);
+  EXPECT_EQ(detail::cpu_tuning_for(false, 6, true), CpuTuning::standard);
+  {
+    const testing::CpuTuningOverride forced(CpuTuning::amd_zen4);
+    EXPECT_EQ(detail::cpu_tuning(), CpuTuning::amd_zen4);
+  }
+  // The standard distances: 512 B - 1 KiB by the row length with K >= 8, else 1 KiB.
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(14336, 8, CpuTuning::standard), 1024);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(8192, 8, CpuTuning::standard), 512);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(4096, 8, CpuTuning::standard), 512);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(8192, 2, CpuTuning::standard), 1024);
+  // Zen 4: the whole row (rounded up to a line) with K >= 8, else 1 KiB.
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(14336, 8, CpuTuning::amd_zen4), 14336);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(4096, 8, CpuTuning::amd_zen4), 4096);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(48, 8, CpuTuning::amd_zen4), 64);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(8192, 2, CpuTuning::amd_zen4), 1024);
+}
+
+TEST(FinalizeRandom, EveryCpuTuningsPrefetchPolicyMatchesTheReference) {
+  // Sources "far larger than the caches" (threshold 1): the standard distances request lines
+  // ahead inside the rows, amd_zen4 each next row's sources whole at its start. Rows of 2048
+  // and 7168 bf16 columns, K = 8, and a row shorter than a line.
+  testing::StreamingThresholdOverride small(1);
+  testing::Random rng(21);
+  for (detail::CpuTuning tuning : {detail::CpuTuning::standard, detail::CpuTuning::amd_zen4}) {
+    testing::CpuTuningOverride forced(tuning);
+    for (int64_t h : {int64_t(2048), int64_t(7168), int64_t(24)}) {
+      FinalizeOptions o;
+      o.scales = true, o.mixed_scales = true, o.x1 = true, o.drop_fraction = 0.1;
+      FinalizeCase c =
+          testing::make_finalize_case(rng, DType::bfloat16, 2, Numerics::atlas_a2, o, 6, 8, h);
+      expect_all_runners_match(c, describe_case(c) + " tuning " + std::to_string(int(tuning)));
+    }
+  }
 }
 
 TEST(FinalizeRandom, StreamedOutputsMatchTheReference) {

@@ -13,6 +13,7 @@
 #include "cases/random.h"
 #include "cases/runner.h"
 #include "cases/tensor.h"
+#include "core/cpu_tuning.h"
 #include "core/memory_hints.h"
 #include "moe_routing/moe_routing.hpp"
 
@@ -42,6 +43,18 @@ class StreamingThresholdOverride {
   ~StreamingThresholdOverride() { detail::set_streaming_store_threshold_for_testing(0); }
   StreamingThresholdOverride(const StreamingThresholdOverride&) = delete;
   StreamingThresholdOverride& operator=(const StreamingThresholdOverride&) = delete;
+};
+
+/// Forces the CPU tuning (core/cpu_tuning.h) for a scope, so that tests take every tuning's
+/// prefetch policy whatever CPU they run on.
+class CpuTuningOverride {
+ public:
+  explicit CpuTuningOverride(detail::CpuTuning tuning) {
+    detail::set_cpu_tuning_for_testing(&tuning);
+  }
+  ~CpuTuningOverride() { detail::set_cpu_tuning_for_testing(nullptr); }
+  CpuTuningOverride(const CpuTuningOverride&) = delete;
+  CpuTuningOverride& operator=(const CpuTuningOverride&) = delete;
 };
 
 /// Runs the kernels' parallel loops for a scope through a host loop that gives every job, however
