@@ -64,7 +64,10 @@ GradThreads grad_threads(int64_t expanded_rows, int64_t pairs, int64_t hidden, i
 
 int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k, detail::CpuTuning tuning) {
   if (top_k < 8) return 1024;
-  if (tuning == detail::CpuTuning::amd_zen4) return (row_bytes + 63) / 64 * 64;
+  if (tuning == detail::CpuTuning::amd_zen4) {
+    const int64_t whole_row = (row_bytes + 63) / 64 * 64;
+    return whole_row < kFinalizeWholeRowMaxBytes ? whole_row : kFinalizeWholeRowMaxBytes;
+  }
   int64_t bytes = 512;
   while (bytes < 1024 && bytes * 16 < row_bytes) bytes *= 2;
   return bytes;

@@ -34,13 +34,16 @@ struct FinalizeKernelArgs {
 ///   than 1 KiB. On an Intel VM at H = 2048 512 B took 6-7 % less than 256 B at 2048 and 4096
 ///   tokens, hence the lower bound (Qwen3-30B at 4096 tokens 83.7 % of its limit, from 74.9 %).
 /// - amd_zen4: with K >= 8, each next row's sources whole, requested at its start, and nothing
-///   inside the rows (the row length rounded up to a line: further than any column). Measured
+///   inside the rows (the row length rounded up to a line: further than any column), for rows
+///   of up to kFinalizeWholeRowMaxBytes (the longest measured: 14 KiB); a longer row gets that
+///   much at its start and its lines that far ahead inside it. Measured
 ///   paired on a Zen 4 VM (two sets of five alternating rounds, 1024 and 4096 tokens, H =
 ///   2048-7168): 3-15 % less time than the standard distances by the median of the per-round
 ///   ratios in every training row of both sets; the standard distances had left four of the six
 ///   rows at 72-78 % of their limit there.
 /// - K < 8 (Mixtral's K = 2): 1 KiB; 512 B measured slower there.
 int64_t finalize_prefetch_bytes(int64_t row_bytes, int64_t top_k, detail::CpuTuning tuning);
+constexpr int64_t kFinalizeWholeRowMaxBytes = 16384;
 
 /// Terms of one row gathered per pass; a row with more runs several passes over each column
 /// tile, keeping the running sums in a buffer of kFinalizeAccColumns floats per tile.

@@ -139,18 +139,20 @@ TEST(FinalizeRandom, PrefetchDistanceFollowsTheCpuTuning) {
   EXPECT_EQ(cpu::finalize_prefetch_bytes(14336, 8, CpuTuning::amd_zen4), 14336);
   EXPECT_EQ(cpu::finalize_prefetch_bytes(4096, 8, CpuTuning::amd_zen4), 4096);
   EXPECT_EQ(cpu::finalize_prefetch_bytes(48, 8, CpuTuning::amd_zen4), 64);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(16384, 8, CpuTuning::amd_zen4), 16384);
+  EXPECT_EQ(cpu::finalize_prefetch_bytes(65536, 8, CpuTuning::amd_zen4), 16384);  // the cap
   EXPECT_EQ(cpu::finalize_prefetch_bytes(8192, 2, CpuTuning::amd_zen4), 1024);
 }
 
 TEST(FinalizeRandom, EveryCpuTuningsPrefetchPolicyMatchesTheReference) {
   // Sources "far larger than the caches" (threshold 1): the standard distances request lines
   // ahead inside the rows, amd_zen4 each next row's sources whole at its start. Rows of 2048
-  // and 7168 bf16 columns, K = 8, and a row shorter than a line.
+  // and 7168 bf16 columns, K = 8, a row shorter than a line and one past the whole-row cap.
   testing::StreamingThresholdOverride small(1);
   testing::Random rng(21);
   for (detail::CpuTuning tuning : {detail::CpuTuning::standard, detail::CpuTuning::amd_zen4}) {
     testing::CpuTuningOverride forced(tuning);
-    for (int64_t h : {int64_t(2048), int64_t(7168), int64_t(24)}) {
+    for (int64_t h : {int64_t(2048), int64_t(7168), int64_t(24), int64_t(8200)}) {
       FinalizeOptions o;
       o.scales = true, o.mixed_scales = true, o.x1 = true, o.drop_fraction = 0.1;
       FinalizeCase c =
