@@ -161,14 +161,12 @@ def not_an_int_error(function: str, name: str, value) -> ValueError:
     (what _not_an_int finds, which PyTorch's schema would take as another int, and what the schema refuses), the
     ports' refuse_non_ints and check_int. A tensor - a bool one, a float one, one of more dimensions - is
     described by its rank and dtype (an int argument takes a 0-dim integer tensor); anything else by its repr
-    (a torch enum's str, the same text; a qscheme's from _QSCHEMES)."""
+    (a torch enum's, _enum_text)."""
     if isinstance(value, torch.Tensor):
         return ValueError(f"{function}: {name} must be an int or a 0-dim integer tensor, got a {value.dim()}-D "
                           f"{dtype_name(value.dtype)} tensor")
-    if isinstance(value, torch.qscheme):
-        return ValueError(f"{function}: {name} must be an int, got {_qscheme_text(value)}")
-    if isinstance(value, (torch.dtype, *_TORCH_ENUMS)):  # str is its repr, and traceable where repr is not
-        return ValueError(f"{function}: {name} must be an int, got {value}")
+    if isinstance(value, (torch.dtype, *_TORCH_ENUMS)):
+        return ValueError(f"{function}: {name} must be an int, got {_enum_text(value)}")
     return ValueError(f"{function}: {name} must be an int, got {value!r}")
 
 
@@ -177,9 +175,12 @@ _QSCHEMES = tuple((value, str(value)) for value in dict.fromkeys(
     value for value in vars(torch).values() if isinstance(value, torch.qscheme)))
 
 
-def _qscheme_text(value) -> str:
-    """A torch.qscheme as its repr reads ("torch.per_channel_affine"), eager and while tracing."""
-    return next(text for scheme, text in _QSCHEMES if scheme is value)
+def _enum_text(value) -> str:
+    """A torch.dtype, layout, memory_format or qscheme as its repr reads ("torch.channels_last"), eager and while
+    tracing: Dynamo str's the first three (repr is not traceable for all of them) and only compares a qscheme."""
+    if isinstance(value, torch.qscheme):
+        return next(text for scheme, text in _QSCHEMES if scheme is value)
+    return str(value)
 
 
 def _refuse_non_int(op, args, kwargs):

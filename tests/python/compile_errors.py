@@ -17,6 +17,12 @@ NON_INT_TENSORS = (torch.tensor(2.5), torch.tensor(2.5, dtype=torch.float64), to
                    torch.tensor(True), torch.tensor([2]))
 NON_INT_TENSOR_IDS = ("float32", "float64", "complex64", "bool", "1d_int64")
 
+# PyTorch's enum values, each of which its schema took as its code for an int (torch.int64 as 4,
+# torch.channels_last as 2, torch.strided as 0, torch.per_channel_affine as 2), and their ids: every int argument
+# refuses each, eager and compiled, except a dtype for x_dtype (which names one).
+TORCH_ENUM_VALUES = (torch.int64, torch.channels_last, torch.strided, torch.per_channel_affine)
+TORCH_ENUM_IDS = ("dtype", "memory_format", "layout", "qscheme")
+
 
 def non_int_tensor_message(function: str, argument: str, tensor: torch.Tensor) -> str:
     """The refusal of tensor (one of NON_INT_TENSORS) for the int argument of function."""

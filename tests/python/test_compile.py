@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import moe_routing
-from compile_errors import (MOE_INIT_ROUTING_INT_ARGUMENTS, NON_INT_TENSOR_IDS, NON_INT_TENSORS,
-                            assert_compiled_raises_value_error, non_int_tensor_message, outcome, same_outcome)
+from compile_errors import (MOE_INIT_ROUTING_INT_ARGUMENTS, NON_INT_TENSORS, NON_INT_TENSOR_IDS, TORCH_ENUM_IDS,
+                            TORCH_ENUM_VALUES, assert_compiled_raises_value_error, non_int_tensor_message, outcome,
+                            same_outcome)
 from reference import random_values
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
@@ -287,12 +288,6 @@ def test_a_tensor_other_than_a_0_dim_integer_one_for_an_int_is_refused(operator,
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         call(*inputs, value)
     assert_compiled_raises_value_error(message, call, *inputs, value)
-
-
-# PyTorch's enum values, each of which its schema takes as its code for an int (torch.int64 as 4,
-# torch.channels_last as 2, torch.strided as 0, torch.per_channel_affine as 2).
-TORCH_ENUM_VALUES = [torch.int64, torch.channels_last, torch.strided, torch.per_channel_affine]
-TORCH_ENUM_IDS = ["dtype", "memory_format", "layout", "qscheme"]
 
 
 @pytest.mark.parametrize("value", TORCH_ENUM_VALUES, ids=TORCH_ENUM_IDS)

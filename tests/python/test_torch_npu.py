@@ -10,8 +10,9 @@ import torch
 
 import moe_routing
 import moe_routing.torch_npu as torch_npu
-from compile_errors import (MOE_INIT_ROUTING_INT_ARGUMENTS, NON_INT_TENSOR_IDS, NON_INT_TENSORS,
-                            assert_compiled_raises_value_error, non_int_tensor_message, outcome, same_outcome)
+from compile_errors import (MOE_INIT_ROUTING_INT_ARGUMENTS, NON_INT_TENSORS, NON_INT_TENSOR_IDS, TORCH_ENUM_IDS,
+                            TORCH_ENUM_VALUES, assert_compiled_raises_value_error, non_int_tensor_message, outcome,
+                            same_outcome)
 from finalize_reference import atlas_chunk, grad_scales_sum
 from reference import assert_bitwise_equal, grad_reference, random_values, v4_reference
 
@@ -762,8 +763,7 @@ def test_a_non_int_tensor_for_an_int_is_refused_alike_by_check_int_and_refuse_no
     assert_compiled_raises_value_error(message, call, x, idx, rows, index, value)
 
 
-@pytest.mark.parametrize("value", [torch.int64, torch.channels_last, torch.strided, torch.per_channel_affine],
-                         ids=["dtype", "memory_format", "layout", "qscheme"])
+@pytest.mark.parametrize("value", TORCH_ENUM_VALUES, ids=TORCH_ENUM_IDS)
 @pytest.mark.parametrize("function,argument,flag,call", INT_ARGUMENT_CASES,
                          ids=[f"{c[0]}-{c[1]}" for c in INT_ARGUMENT_CASES])
 def test_a_torch_enum_for_an_int_is_refused(function, argument, flag, call, value):
