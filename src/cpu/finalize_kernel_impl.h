@@ -582,7 +582,7 @@ struct OnePassRow {
 /// a page (PyTorch's and the bench's start 64 bytes past one) the load would follow a store to the
 /// same low 12 address bits, which the core may take for a dependence and hold the load until the
 /// store is done. Measured on AMD Zen 4 (paired in one process, bf16, K = 8, two threads, out=
-/// outputs at the inputs' page offset): 8-11 % less time at H = 2048-7168 and 1024-4096 tokens,
+/// outputs at the inputs' page offset): 7-11 % less time at H = 2048-7168 and 1024-4096 tokens,
 /// the same time as outputs placed at another offset; the bits are those of any order (no output
 /// may overlap an input).
 template <class Ops, class Tag>
