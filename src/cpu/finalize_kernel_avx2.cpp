@@ -78,7 +78,7 @@ struct FinalizeAvx2Ops : Avx2Ops, PairTrees {
     auto full_vectors = [&](auto has_bias) {
       constexpr bool kBias = decltype(has_bias)::value;
       auto column_vector = [&](int64_t k) {
-        // expanded_x loaded before out is stored: scaled_rows_and_atlas_a2, 4 KiB aliasing.
+        // expanded_x loaded before out is stored: FinalizeScalarOps::scaled_row_and_tree.
         const V g = load<Tag>(gy + k * W);
         const __m256 products = product_pairs<Tag>(x, kBias ? bias : nullptr, g, k * W);
         store<Tag, Stream>(out + k * W, mul(g, s));

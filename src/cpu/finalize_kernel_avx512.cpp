@@ -108,7 +108,7 @@ struct FinalizeAvx512Ops : Avx512Ops, PairTrees {
         if (j + kAhead < prefetch_left)
           for (int64_t b = 0; b < W * int64_t(sizeof(S)); b += 64)
             __builtin_prefetch(reinterpret_cast<const char*>(gy + j + kAhead) + b, 0, 3);
-        // expanded_x loaded before out is stored: scaled_rows_and_atlas_a2, 4 KiB aliasing.
+        // expanded_x loaded before out is stored: FinalizeScalarOps::scaled_row_and_tree.
         const V g = load<Tag>(gy + j);
         const __m512 products = product_pairs<Tag>(x, kBias ? bias : nullptr, g, j);
         store<Tag, Stream>(out + j, mul(g, s));

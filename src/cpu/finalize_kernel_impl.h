@@ -96,6 +96,15 @@ struct FinalizeScalarOps : ScalarOps {
   }
   /// out[j] = narrow(gy[j] * scale) for j < n, and the 512-lane product tree of columns [0, n)
   /// (the vector Ops do both in one pass).
+  ///
+  /// The vector Ops load each vector's expanded_x columns before they store its out columns
+  /// (4 KiB aliasing). The two rows have the same index, so where the tensors start at the same
+  /// offset in a page (PyTorch's and the bench's start 64 bytes past one) the load would follow a
+  /// store to the same low 12 address bits, which the core may take for a dependence and hold the
+  /// load until the store is done. Measured on AMD Zen 4 (paired in one process, bf16, K = 8, two
+  /// threads, out= outputs at the inputs' page offset): 7-11 % less time at H = 2048-7168 and
+  /// 1024-4096 tokens, the same time as outputs placed at another offset. The bits are those of
+  /// any order (no output may overlap an input).
   template <class Tag, bool Stream>
   static float scaled_row_and_tree(const Products<typename Tag::storage>& products, float scale,
                                    typename Tag::storage* out, int64_t n, int64_t,
@@ -577,14 +586,6 @@ struct OnePassRow {
 /// A group streams where its first column is on a boundary: a chunk need not end on one
 /// (12264 float32 products are 49056 bytes, an odd multiple of 32), and the groups after such a
 /// chunk go through the cache.
-/// 4 KiB aliasing: each vector's expanded_x columns are loaded before its grad_expanded_x columns
-/// are stored. The two rows have the same index, so where the tensors start at the same offset in
-/// a page (PyTorch's and the bench's start 64 bytes past one) the load would follow a store to the
-/// same low 12 address bits, which the core may take for a dependence and hold the load until the
-/// store is done. Measured on AMD Zen 4 (paired in one process, bf16, K = 8, two threads, out=
-/// outputs at the inputs' page offset): 7-11 % less time at H = 2048-7168 and 1024-4096 tokens,
-/// the same time as outputs placed at another offset; the bits are those of any order (no output
-/// may overlap an input).
 template <class Ops, class Tag>
 void scaled_rows_and_atlas_a2(const FinalizeRoutingGradProblem& p,
                               const OnePassRow<typename Tag::storage>* rows, int64_t count,
