@@ -151,6 +151,11 @@ int64_t streaming_store_threshold() {
   return forced > 0 ? forced : default_value;
 }
 
+bool streams_output(int64_t output_bytes, int64_t read_bytes) {
+  const int64_t threshold = streaming_store_threshold();
+  return output_bytes >= threshold || read_bytes >= threshold;
+}
+
 void set_streaming_store_threshold_for_testing(int64_t bytes) {
   threshold_override().store(bytes > 0 ? bytes : 0);
 }

@@ -10,8 +10,18 @@ namespace moe_routing::detail {
 /// streaming_store_threshold_for_cache(last_level_cache_bytes()). A smaller output is written
 /// through the cache, where the next operation (the expert GEMM, the next layer) finds it; a
 /// larger one would only evict everything else, and streaming it also saves the
-/// read-for-ownership of every line.
+/// read-for-ownership of every line. Kernels ask streams_output, which also looks at the reads.
 int64_t streaming_store_threshold();
+
+/// Whether a call writes its output with non-temporal stores: where the output, or what the call
+/// reads, is at least streaming_store_threshold(). Reads that large push the output out of the
+/// cache during the call itself, so the next operation would not find it there, and writing it
+/// through the cache would only add a read for ownership of every line. Measured on an AMD
+/// Zen 4 VM (32 MiB L3, 2 threads, paired calls): combines that read 32-128 MiB of rows into a
+/// 4-16 MiB output took 4-9 % less time streamed, the dispatch backward of the same shapes
+/// 5-10 % less (docs/PERFORMANCE.md, "Outputs of calls that read more than the cache").
+/// Negative byte counts count as 0; callers pass saturated products.
+bool streams_output(int64_t output_bytes, int64_t read_bytes);
 
 /// Bytes of one instance of the last-level cache as Linux's sysfs reports it for CPU 0 (else
 /// sysconf's L3 size); 0 where the OS does not tell.

@@ -96,7 +96,8 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
   args.tile_width =
       unit_width(N, H, threads, K > kFinalizeTermsPerPass ? kFinalizeAccColumns : INT64_MAX);
   args.tiles_per_row = (H + args.tile_width - 1) / args.tile_width;
-  args.stream_output = N * H * element >= detail::streaming_store_threshold();
+  args.stream_output =
+      detail::streams_output(N * H * element, detail::saturating_mul(N * K, H * element));
   // Sources beyond half the streaming threshold (the last-level cache within 8-32 MiB) are not
   // expected to be in the cache (see kFinalizePrefetchLines).
   if (detail::saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
@@ -223,7 +224,11 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
   }
 #endif
   FinalizeGradKernelArgs args{p, 0, 0, false, false, row_order};
-  args.stream_output = R * H * element >= detail::streaming_store_threshold();
+  // Reads: grad_y once, and expanded_x's rows where given.
+  const int64_t row_bytes = H * element;
+  args.stream_output = detail::streams_output(
+      R * row_bytes, detail::saturating_add(detail::saturating_mul(N, row_bytes),
+                                            p.expanded_x != nullptr ? R * row_bytes : 0));
   args.prefetch = R * H * element >= detail::streaming_store_threshold() / 2;
   detail::parallel_for(R, threads.rows,
                        [&](int64_t begin, int64_t end) { rows_kernel(args, begin, end); });

@@ -2,6 +2,8 @@
 // instruction set, the parallel loop. The kernels themselves are grad_kernel_<isa>.cpp.
 #include "cpu/grad_kernel.h"
 
+#include <algorithm>
+
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "cpu/cpu_backend.h"
@@ -30,7 +32,12 @@ void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, 
   args.register_bins = grad_register_bins(plan);
   args.bins = plan.order == AccumulationOrder::tree ? tree_shape(plan.top_k).bins : 1;
   const int64_t element = int64_t(dtype_size(plan.dtype));
-  args.stream_output = plan.num_rows * plan.hidden * element >= detail::streaming_store_threshold();
+  // Reads: a row of grad_expanded_x per pair, at most its source_rows.
+  const int64_t rows_read =
+      std::min(detail::saturating_mul(plan.num_rows, plan.top_k), plan.source_rows);
+  args.stream_output =
+      detail::streams_output(plan.num_rows * plan.hidden * element,
+                             detail::saturating_mul(rows_read, plan.hidden * element));
   args.tile_width = grad_unit_width(plan, threads);
   args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();

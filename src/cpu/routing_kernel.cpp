@@ -166,13 +166,16 @@ float dynamic_quantize_row(const void* row, const float* smooth, int64_t H, Nume
   return sc;
 }
 
-/// Whether expanded_x is large enough to be written with non-temporal stores (core/memory_hints.h).
+/// Whether expanded_x is written with non-temporal stores (core/memory_hints.h): its bytes (int8
+/// when quantised) against x's, which the call reads. Saturated: an empty x may come with any
+/// hidden size, whose byte count overflows int64.
 bool streams_expanded_x(const RoutingProblem& pr) {
-  const double element =
-      pr.quant_mode == -1 ? double(dtype_size(pr.x_dtype)) : 1.0;  // int8 when quantised
-  // In double: an empty x may come with any hidden size, whose byte count overflows int64.
-  return double(pr.hidden) * element * double(pr.expanded_rows) >=
-         double(detail::streaming_store_threshold());
+  const int64_t x_element = int64_t(dtype_size(pr.x_dtype));
+  const int64_t element = pr.quant_mode == -1 ? x_element : 1;
+  const int64_t expanded_values = detail::saturating_mul(pr.expanded_rows, pr.hidden);
+  return detail::streams_output(
+      detail::saturating_mul(expanded_values, element),
+      detail::saturating_mul(detail::saturating_mul(pr.num_rows, pr.hidden), x_element));
 }
 
 /// Plain routing: whether rows go token by token to their destinations (x read once, in order;

@@ -151,6 +151,22 @@ TEST(RoutingRandom, StreamingThresholdIsTheCacheWithin8And32MiB) {
   EXPECT_LE(detail::streaming_store_threshold(), 32 * MiB);
 }
 
+// A call streams its output where the output or its reads reach the threshold: reads that large
+// evict a cached output during the call itself (a combine reading 32-128 MiB of rows into a 4-16
+// MiB output took 4-9 % less time streamed on a Zen 4 VM). Before, only the output counted.
+TEST(RoutingRandom, StreamsOutputWhereTheOutputOrTheReadsReachTheThreshold) {
+  const testing::StreamingThresholdOverride forced(1000);
+  EXPECT_FALSE(detail::streams_output(999, 999));
+  EXPECT_FALSE(detail::streams_output(0, 0));
+  EXPECT_FALSE(detail::streams_output(-1, -1));
+  EXPECT_TRUE(detail::streams_output(1000, 0));
+  EXPECT_TRUE(detail::streams_output(0, 1000));
+  EXPECT_TRUE(
+      detail::streams_output(16, 8000));  // the combine's forward: K rows read per row written
+  EXPECT_TRUE(detail::streams_output(INT64_MAX, 0));
+  EXPECT_TRUE(detail::streams_output(0, INT64_MAX));
+}
+
 // Where Linux describes CPU 0's caches in sysfs and the highest level is an L3 or beyond, the
 // threshold is that cache instance's size (not sysconf's, which on AMD EPYC is the whole
 // package's: 256 MiB against 32 MiB per core), within [8 MiB, 32 MiB].
