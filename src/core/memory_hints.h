@@ -14,12 +14,14 @@ namespace moe_routing::detail {
 int64_t streaming_store_threshold();
 
 /// Whether a call writes its output with non-temporal stores: where the output, or what the call
-/// reads, is at least streaming_store_threshold(). Reads that large push the output out of the
-/// cache during the call itself, so the next operation would not find it there, and writing it
-/// through the cache would only add a read for ownership of every line. Measured on an AMD
-/// Zen 4 VM (32 MiB L3, 2 threads, paired calls): combines that read 32-128 MiB of rows into a
-/// 4-16 MiB output took 4-9 % less time streamed, the dispatch backward of the same shapes
-/// 5-10 % less (docs/PERFORMANCE.md, "Outputs of calls that read more than the cache").
+/// reads, is at least streaming_store_threshold(). Writing through the cache costs a read for
+/// ownership of every line of the output, in full, and leaves for the next operation only what
+/// the call's later traffic did not evict: of an output written evenly by a call that moves T
+/// bytes through a cache of C, about C / T. With reads of at least C that is less than the whole,
+/// and it shrinks as the reads grow. Measured on an AMD Zen 4 VM (32 MiB L3, 2 threads, paired
+/// calls): combines that read 32-128 MiB of rows into a 4-16 MiB output took 4-9 % less time
+/// streamed, the dispatch backward of the same shapes 5-10 % less (docs/PERFORMANCE.md, "Outputs
+/// of calls that read more than the cache").
 /// Negative byte counts count as 0; callers pass saturated products.
 bool streams_output(int64_t output_bytes, int64_t read_bytes);
 
