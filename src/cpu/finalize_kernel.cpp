@@ -224,11 +224,13 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
   }
 #endif
   FinalizeGradKernelArgs args{p, 0, 0, false, false, row_order};
-  // Reads: grad_y once, and expanded_x's rows where given.
-  const int64_t row_bytes = H * element;
+  // Reads: grad_y once, and expanded_x's rows where given. Saturated: with no rows, H may be any
+  // size (grad_y [0, H] holds no byte).
+  const int64_t row_bytes = detail::saturating_mul(H, element);
+  const int64_t output_bytes = detail::saturating_mul(R, row_bytes);
   args.stream_output = detail::streams_output(
-      R * row_bytes, detail::saturating_add(detail::saturating_mul(N, row_bytes),
-                                            p.expanded_x != nullptr ? R * row_bytes : 0));
+      output_bytes, detail::saturating_add(detail::saturating_mul(N, row_bytes),
+                                           p.expanded_x != nullptr ? output_bytes : 0));
   args.prefetch = R * H * element >= detail::streaming_store_threshold() / 2;
   detail::parallel_for(R, threads.rows,
                        [&](int64_t begin, int64_t end) { rows_kernel(args, begin, end); });

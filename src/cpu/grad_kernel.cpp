@@ -35,9 +35,9 @@ void moe_init_routing_grad(const detail::GradProblem& problem, int num_threads, 
   // Reads: a row of grad_expanded_x per pair, at most its source_rows.
   const int64_t rows_read =
       std::min(detail::saturating_mul(plan.num_rows, plan.top_k), plan.source_rows);
-  args.stream_output =
-      detail::streams_output(plan.num_rows * plan.hidden * element,
-                             detail::saturating_mul(rows_read, plan.hidden * element));
+  const int64_t row_bytes = detail::saturating_mul(plan.hidden, element);
+  args.stream_output = detail::streams_output(detail::saturating_mul(plan.num_rows, row_bytes),
+                                              detail::saturating_mul(rows_read, row_bytes));
   args.tile_width = grad_unit_width(plan, threads);
   args.tiles_per_row = (plan.hidden + args.tile_width - 1) / args.tile_width;
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();

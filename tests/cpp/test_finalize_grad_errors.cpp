@@ -110,5 +110,28 @@ TEST(FinalizeGradErrors, ExpertIdsOfDroppedPairsAreNotChecked) {
   EXPECT_TRUE(moe_finalize_routing_grad(f.in, f.attrs, f.out).is_ok());
 }
 
+// With no rows, grad_y [0, H], grad_expanded_x [0, H] and expanded_x [0, H] are valid for any H;
+// no byte count computed from H may overflow (found by the fuzzer: H * 4 overflowed int64 in the
+// CPU backend's choice of store, undefined behaviour) nor anything be written.
+TEST(FinalizeGradErrors, NoRowsWithAnyHiddenSize) {
+  for (int64_t hidden : {INT64_MAX, INT64_MAX / 3, int64_t(1) << 61}) {
+    SCOPED_TRACE("H=" + std::to_string(hidden));
+    std::vector<float> gy(1), ex(1), gx(1, 7.0f);
+    std::vector<int32_t> idx(1);
+    MoeFinalizeRoutingGradInputs in;
+    in.grad_y = TensorView(gy.data(), DType::float32, {0, hidden});
+    in.expanded_row_idx = TensorView(idx.data(), DType::int32, {0});
+    in.expanded_x = TensorView(ex.data(), DType::float32, {0, hidden});
+    MoeFinalizeRoutingGradOutputs out;
+    out.grad_expanded_x = TensorView(gx.data(), DType::float32, {0, hidden});
+    for (const testing::Runner& runner : testing::all_runners()) {
+      const Status s =
+          moe_finalize_routing_grad(in, MoeFinalizeRoutingGradAttrs(), out, runner.config());
+      EXPECT_TRUE(s.is_ok()) << runner.name() << ": " << s.message();
+      EXPECT_EQ(gx[0], 7.0f) << runner.name();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace moe_routing
