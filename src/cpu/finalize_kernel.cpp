@@ -96,12 +96,13 @@ void moe_finalize_routing(const detail::FinalizeRoutingProblem& problem, int num
   args.tile_width =
       unit_width(N, H, threads, K > kFinalizeTermsPerPass ? kFinalizeAccColumns : INT64_MAX);
   args.tiles_per_row = (H + args.tile_width - 1) / args.tile_width;
-  args.stream_output =
-      detail::streams_output(N * H * element, detail::saturating_mul(N * K, H * element));
+  const int64_t row_bytes = H * element;  // out [N, H] holds at most 2^63 - 1 bytes (validated)
+  const int64_t source_bytes = detail::saturating_mul(N * K, row_bytes);
+  args.stream_output = detail::streams_output(N * row_bytes, source_bytes);
   // Sources beyond half the streaming threshold (the last-level cache within 8-32 MiB) are not
   // expected to be in the cache (see kFinalizePrefetchLines).
-  if (detail::saturating_mul(N * K, H * element) >= detail::streaming_store_threshold() / 2)
-    args.prefetch = finalize_prefetch_bytes(H * element, K, detail::cpu_tuning());
+  if (source_bytes >= detail::streaming_store_threshold() / 2)
+    args.prefetch = finalize_prefetch_bytes(row_bytes, K, detail::cpu_tuning());
   if (isa == CpuIsa::automatic) isa = best_cpu_isa();
   auto kernel = &baseline::finalize_kernel;
 #if defined(MOE_ROUTING_HAVE_AVX2)
@@ -231,7 +232,7 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
   args.stream_output = detail::streams_output(
       output_bytes, detail::saturating_add(detail::saturating_mul(N, row_bytes),
                                            p.expanded_x != nullptr ? output_bytes : 0));
-  args.prefetch = R * H * element >= detail::streaming_store_threshold() / 2;
+  args.prefetch = output_bytes >= detail::streaming_store_threshold() / 2;
   detail::parallel_for(R, threads.rows,
                        [&](int64_t begin, int64_t end) { rows_kernel(args, begin, end); });
   if (p.grad_bias == nullptr || E == 0) return;
