@@ -14,7 +14,9 @@
  *   3. Optionally tune the executor (mrSetNumerics, mrSetAccumulationOrder).
  *   4. Phase two, mr<Operator>(workspace, workspaceSize, executor, stream): validates the index
  *      values, computes, and frees the executor. On CPU tensors it allocates no memory: the
- *      forward operators' sort runs in the caller's workspace (the backward needs none: size 0).
+ *      dispatch forwards' sort (mrMoeInitRoutingV2, mrMoeInitRouting) and the combine backward's
+ *      pair lists (mrMoeFinalizeRoutingV2Grad) run in the caller's workspace; the dispatch's
+ *      backward (mrMoeInitRoutingV2Grad) and the combine's forward need none (size 0).
  *      The thread count is the library default (mrSetNumThreads) at phase one, and the pool's
  *      threads the call's work can use (no more) are started there: a thread the system refuses
  *      is phase one's MR_ERROR_RUNTIME, naming the count. On CUDA tensors (builds with the CUDA
@@ -707,10 +709,14 @@ mrStatus mrMoeFinalizeRoutingV2GradInferShape(
  *                          expandedX.
  * @param gradBiasOut       NULL (not computed) or exactly as inferred; needs bias.
  *                          No output may share memory with an input or another output.
- * @param workspaceSize     receives the workspace size phase two needs (CPU tensors: the pair
- *                          lists and the rows' visiting order, 4 bytes per pair and 8 per row
- *                          of gradExpandedX, plus 4 per pair and per expert with gradBiasOut;
- *                          CUDA tensors: 0). Must not be NULL.
+ * @param workspaceSize     receives the workspace size phase two needs; pass what it reports.
+ *                          CPU tensors: the pair lists and the rows' visiting order,
+ *                          4 * (2*R + 2 + P) + 4 bytes, plus 4 * (E + 2 + P) with gradBiasOut,
+ *                          where R is the rows of gradExpandedX (N*K; activeNum when
+ *                          0 < activeNum < N*K; expertNum * expertCapacity in drop-pad),
+ *                          P = N*K the pairs and E = bias.size(0) (the last 4 bytes align the
+ *                          lists to int32 in a workspace of any alignment). CUDA tensors: 0.
+ *                          Must not be NULL.
  * @param executor          receives the plan; set to NULL on failure. Must not be NULL.
  * @return as mrMoeFinalizeRoutingGetWorkspaceSize.
  */

@@ -26,8 +26,8 @@ Files are NumPy .npy arrays: float32 '<f4', float16 '<f2', bfloat16 stored as it
 patterns '<u2', int8 '|i1', indices and counts int32 '<i4' or int64 '<i8'. Save bf16 from torch
 with t.view(torch.uint16).numpy().
 
-Exit status: 0 success; 1 the demo's results did not verify; 2 bad flag, bad file or invalid
-input (the message on stderr says which; no output file is written).
+Exit status: 0 success; 1 results did not verify (demo, bench --verify); 2 bad flag, bad file or
+invalid input (the message on stderr says which; no output file is written).
 
 Examples:
   moe-routing demo --tokens 1024 --dtype fp16

@@ -16,7 +16,7 @@ namespace moe_routing::cli {
 
 /// Exit statuses of every command.
 constexpr int kExitOk = 0;
-constexpr int kExitVerificationFailed = 1;  // ran, but results did not verify (demo)
+constexpr int kExitVerificationFailed = 1;  // ran, but results did not verify (demo, bench)
 constexpr int kExitError = 2;               // bad flag, bad file, library error: nothing written
 
 class Command {
