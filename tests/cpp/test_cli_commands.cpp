@@ -341,9 +341,9 @@ TEST(CliBench, MachineModeReportsBandwidthsAndTheCeilingsTheySet) {
   const CliResult r = run_cli(dir, {"bench", "--machine", "--runs", "1", "--threads", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* line :
-       {"copy (memcpy", "read alone", "write alone (memset)", "zero lines (CLZERO",
-        "First touch of fresh memory", "4 KiB pages: ms per MiB", "4 KiB pages: us per page fault",
-        "zeroing by a program (memset"})
+       {"copy (memcpy", "read alone", "write alone (memset)", "write alone (non-temporal stores)",
+        "zero lines (CLZERO", "First touch of fresh memory", "4 KiB pages: ms per MiB",
+        "4 KiB pages: us per page fault", "zeroing by a program (memset"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
   // The first-touch costs: positive numbers, 2 MiB pages where the kernel has THP in a mode that
   // gives them to advised memory.

@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cases/random.h"
 #include "cases/runner.h"
@@ -43,6 +45,30 @@ class StreamingThresholdOverride {
   ~StreamingThresholdOverride() { detail::set_streaming_store_threshold_for_testing(0); }
   StreamingThresholdOverride(const StreamingThresholdOverride&) = delete;
   StreamingThresholdOverride& operator=(const StreamingThresholdOverride&) = delete;
+};
+
+/// Storage for `bytes` bytes starting `offset` bytes past a 64-byte boundary, poisoned, inside
+/// poisoned margins that a write out of bounds changes (AddressSanitizer cannot see into them).
+class OffsetStorage {
+ public:
+  OffsetStorage(size_t bytes, int offset) : bytes_(bytes), storage_(bytes + 128, kPoison) {
+    const uintptr_t base = reinterpret_cast<uintptr_t>(storage_.data());
+    data_ = storage_.data() + ((base + 63) / 64 * 64 - base) + size_t(offset);
+  }
+  uint8_t* data() { return data_; }
+  /// Whether every byte outside the `bytes` at data() is still the poison.
+  bool margins_untouched() const {
+    const size_t begin = size_t(data_ - storage_.data()), end = begin + bytes_;
+    for (size_t b = 0; b < storage_.size(); ++b)
+      if ((b < begin || b >= end) && storage_[b] != kPoison) return false;
+    return true;
+  }
+
+ private:
+  static constexpr uint8_t kPoison = 0x7f;
+  size_t bytes_;
+  std::vector<uint8_t> storage_;
+  uint8_t* data_ = nullptr;
 };
 
 /// Forces the CPU tuning (core/cpu_tuning.h) for a scope, so that tests take every tuning's

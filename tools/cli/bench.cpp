@@ -182,17 +182,45 @@ __attribute__((target("avx2"))) uint64_t read_streams_avx2(const char* begin, si
 }
 #endif
 
+/// The first 64-byte boundary at or after p: where a buffer allocated 64 bytes longer than its
+/// data keeps the data, as PyTorch's CPU allocator aligns tensors.
+template <class T>
+T* aligned_64(T* p) {
+  static_assert(sizeof(T) == 1, "a byte pointer");
+  return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+}
+
+/// Writes `bytes` (a multiple of 64) at `dst` (64-byte aligned) with non-temporal stores, as the
+/// kernels write their large outputs: no read for ownership. SSE2, which every x86-64 CPU has.
+void write_streams(char* dst, size_t bytes) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const __m128i value = _mm_set1_epi8(4);
+  for (size_t at = 0; at + 64 <= bytes; at += 64)
+    for (size_t v = 0; v < 64; v += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + at + v), value);
+  _mm_sfence();
+#else
+  std::memset(dst, 4, bytes);
+#endif
+}
+
 /// This machine's memory bandwidth over 512 MiB buffers, three ways: a copy (memcpy: bytes read
 /// + bytes written per second) - the ceiling the "% of copy" is measured against - and,
-/// for the per-row limit, reading alone (a sum) and writing alone (memset). The machines this
-/// runs on are often shared, and their bandwidth drifts by tens of percent over seconds, so the
-/// bench measures it next to every row instead of once.
+/// for the per-row limit, reading alone (a sum) and writing alone (the faster of memset and
+/// non-temporal stores: glibc's memset streams on some versions and CPUs and not on others, and
+/// the kernels stream their large outputs). The machines this runs on are often shared, and their
+/// bandwidth drifts by tens of percent over seconds, so the bench measures it next to every row
+/// instead of once. The buffers start on 64-byte boundaries, as the rows' tensors do (a vector's
+/// large block starts 16 bytes past a page, where half of the read meter's 32-byte loads would
+/// cross a cache line: measured 6-8 % slower with one thread).
 class BandwidthMeter {
  public:
   struct Sample {
-    double copy_s, read_s, write_s;
+    double copy_s, read_s, write_s;  // write_s: the faster of memset_s and stream_s
+    double memset_s, stream_s;
   };
-  explicit BandwidthMeter(int threads) : threads_(threads), src_(kBytes, 1), dst_(kBytes, 2) {
+  explicit BandwidthMeter(int threads)
+      : threads_(threads), src_storage_(kBytes + 64, 1), dst_storage_(kBytes + 64, 2) {
     measure();  // faults the pages in
   }
   /// Seconds of one copy, one read and one write of the whole buffer, with the meter's threads
@@ -200,20 +228,22 @@ class BandwidthMeter {
   Sample measure() { return measure(threads_); }
   Sample measure(int threads) {
     Sample sample;
-    sample.copy_s = run(threads, [this](size_t lo, size_t hi) {
-      std::memcpy(dst_.data() + lo, src_.data() + lo, hi - lo);
-    });
+    sample.copy_s =
+        run(threads, [this](size_t lo, size_t hi) { std::memcpy(dst_ + lo, src_ + lo, hi - lo); });
     sample.read_s = run(threads, [this](size_t lo, size_t hi) {
 #if defined(MOE_ROUTING_BENCH_AVX2_READ)
-      const uint64_t total = avx2_ ? read_streams_avx2(src_.data() + lo, hi - lo)
-                                   : read_streams_scalar(src_.data() + lo, hi - lo);
+      const uint64_t total =
+          avx2_ ? read_streams_avx2(src_ + lo, hi - lo) : read_streams_scalar(src_ + lo, hi - lo);
 #else
-      const uint64_t total = read_streams_scalar(src_.data() + lo, hi - lo);
+      const uint64_t total = read_streams_scalar(src_ + lo, hi - lo);
 #endif
       sink_.fetch_add(total, std::memory_order_relaxed);
     });
-    sample.write_s =
-        run(threads, [this](size_t lo, size_t hi) { std::memset(dst_.data() + lo, 3, hi - lo); });
+    sample.memset_s =
+        run(threads, [this](size_t lo, size_t hi) { std::memset(dst_ + lo, 3, hi - lo); });
+    sample.stream_s =
+        run(threads, [this](size_t lo, size_t hi) { write_streams(dst_ + lo, hi - lo); });
+    sample.write_s = std::min(sample.memset_s, sample.stream_s);
     return sample;
   }
   /// Seconds to zero the whole buffer with CLZERO (cpu_has_clzero() must hold): a write of
@@ -222,12 +252,9 @@ class BandwidthMeter {
     const double seconds = run(threads, [this](size_t lo, size_t hi) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
       // CLZERO clears the aligned line that holds its address: only whole lines of the share.
-      const uintptr_t base = reinterpret_cast<uintptr_t>(dst_.data());
+      const uintptr_t base = reinterpret_cast<uintptr_t>(dst_);
       for (size_t at = ((base + lo + 63) & ~uintptr_t(63)) - base; at + 64 <= hi; at += 64)
-        asm volatile(".byte 0x0f, 0x01, 0xfc"
-                     :
-                     : "a"(dst_.data() + at)
-                     : "memory");  // clzero [rax]
+        asm volatile(".byte 0x0f, 0x01, 0xfc" : : "a"(dst_ + at) : "memory");  // clzero [rax]
       asm volatile("sfence" : : : "memory");
 #else
       (void)lo, (void)hi;
@@ -243,8 +270,13 @@ class BandwidthMeter {
   static double read_bandwidth(const std::vector<Sample>& samples) {
     return double(kBytes) / median_of(samples, &Sample::read_s);
   }
+  /// The faster of memset and non-temporal stores, round by round.
   static double write_bandwidth(const std::vector<Sample>& samples) {
-    return double(kBytes) / median_of(samples, &Sample::write_s);
+    return bandwidth(samples, &Sample::write_s);
+  }
+  /// Bytes per second of one of a sample's one-buffer passes (reads or writes).
+  static double bandwidth(const std::vector<Sample>& samples, double Sample::*field) {
+    return double(kBytes) / median_of(samples, field);
   }
 
  private:
@@ -270,7 +302,9 @@ class BandwidthMeter {
 #if defined(MOE_ROUTING_BENCH_AVX2_READ)
   bool avx2_ = cpu_isa_available(CpuIsa::avx2);  // the library's own detection
 #endif
-  std::vector<char> src_, dst_;
+  std::vector<char> src_storage_, dst_storage_;
+  char* src_ = aligned_64(src_storage_.data());
+  char* dst_ = aligned_64(dst_storage_.data());
   std::atomic<uint64_t> sink_{0};
 };
 
@@ -348,12 +382,6 @@ double ceiling_of_copy(double reads, double writes, double copy_bw, double read_
   return std::min(1.0, (reads + writes) / limit_s / copy_bw);  // 1 where the copy term binds
 }
 
-std::vector<uint8_t> random_floats(int64_t count, DType dtype, uint64_t seed) {
-  std::vector<uint8_t> data(size_t(count) * dtype_size(dtype));
-  cases::fill_random(data.data(), dtype, count, seed);
-  return data;
-}
-
 /// A zeroed buffer whose `data` starts on a 64-byte boundary, as PyTorch's CPU allocator places
 /// tensors. glibc puts a large block 16 bytes past a page boundary, so every row (a multiple of
 /// 32 bytes long) of such a tensor starts 16 bytes off the 32-byte boundary that the streaming
@@ -367,10 +395,10 @@ struct AlignedBuffer {
 AlignedBuffer aligned_buffer(size_t size) {
   AlignedBuffer b;
   b.bytes.assign(size + 64, 0);
-  b.data = b.bytes.data() + (64 - reinterpret_cast<uintptr_t>(b.bytes.data()) % 64) % 64;
+  b.data = aligned_64(b.bytes.data());
   return b;
 }
-/// aligned_buffer of `count` random elements (as random_floats).
+/// aligned_buffer of `count` seeded random elements of `dtype`.
 AlignedBuffer aligned_random_floats(int64_t count, DType dtype, uint64_t seed) {
   AlignedBuffer b = aligned_buffer(size_t(count) * dtype_size(dtype));
   cases::fill_random(b.data, dtype, count, seed);
@@ -399,19 +427,18 @@ struct Row {
   bool verified = false;  // --verify: the CPU kernels' outputs equal the reference's, bit for bit
 };
 
-/// Output buffers allocated for one call and freed after it, as a front end returning new
-/// tensors has them. With `binding`, as the torch binding allocates its new CPU outputs: from the
-/// output cache (detail::acquire_output, where it is on and the buffer is large enough for it),
-/// else from the allocator with huge pages asked for (detail::advise_huge_pages). Without, from
-/// the allocator alone (glibc maps a large one anew: the kernel's stores fault in 4 KiB pages).
-/// An output buffer time_call writes into: a vector's bytes, or an AlignedBuffer's aligned ones.
+/// An output buffer time_call writes into: an AlignedBuffer's aligned bytes.
 struct OutputBuffer {
-  OutputBuffer(std::vector<uint8_t>* v) : data(v->data()), size(v->size()) {}    // NOLINT
   OutputBuffer(AlignedBuffer* b) : data(b->data), size(b->bytes.size() - 64) {}  // NOLINT
   uint8_t* data;
   size_t size;
 };
 
+/// Output buffers allocated for one call and freed after it, as a front end returning new
+/// tensors has them. With `binding`, as the torch binding allocates its new CPU outputs: from the
+/// output cache (detail::acquire_output, where it is on and the buffer is large enough for it),
+/// else from the allocator with huge pages asked for (detail::advise_huge_pages). Without, from
+/// the allocator alone (glibc maps a large one anew: the kernel's stores fault in 4 KiB pages).
 class FreshOutputs {
  public:
   FreshOutputs(const std::vector<OutputBuffer>& like, bool binding) {
@@ -724,9 +751,9 @@ class BenchCommand : public Command {
             int64_t source_rows = 1;
             for (size_t d = 0; d + 1 < problem.grad_shape.size(); ++d)
               source_rows *= problem.grad_shape[d];
-            std::vector<uint8_t> grad = random_floats(source_rows * H, dtype, 7);
-            std::vector<uint8_t> out(size_t(n * H) * size_t(esize));
-            std::memset(out.data(), 0, out.size());
+            // 64-byte aligned, as PyTorch's tensors (see AlignedBuffer).
+            AlignedBuffer grad = aligned_random_floats(source_rows * H, dtype, 7);
+            AlignedBuffer out = aligned_buffer(size_t(n * H) * size_t(esize));
             MoeInitRoutingGradAttrs attrs = problem.attrs;
             attrs.order = order_text_ == "sequential" ? AccumulationOrder::sequential
                                                       : AccumulationOrder::tree;
@@ -739,7 +766,7 @@ class BenchCommand : public Command {
             row.scenario = grad_scenario_name(problem.scenario);
             row.read_bytes = double(present) * double(H) * esize + double(n * K) * 4.0;
             row.write_bytes = double(n * H) * esize;
-            const TensorView g(grad.data(), dtype, int(problem.grad_shape.size()),
+            const TensorView g(grad.data, dtype, int(problem.grad_shape.size()),
                                problem.grad_shape.data());
             const TensorView idx(problem.expanded_row_idx.data(), DType::int32, {n * K});
             Status s = time_call(
@@ -752,7 +779,7 @@ class BenchCommand : public Command {
           }
         }
         if (ops.forward) {
-          std::vector<uint8_t> x = random_floats(n * H, dtype, 9);
+          AlignedBuffer x = aligned_random_floats(n * H, dtype, 9);
           std::vector<int32_t> idx_copy = expert_idx;
           for (int drop_pad = 0; drop_pad < 2; ++drop_pad) {
             MoeInitRoutingAttrs attrs;
@@ -761,42 +788,47 @@ class BenchCommand : public Command {
             attrs.expert_capacity = std::min<int64_t>(n, (n * K + E - 1) / E);
             attrs.expert_tokens_num_flag = true;
             attrs.expert_tokens_num_type = 1;
-            const TensorView xv(x.data(), dtype, {n, H});
+            const TensorView xv(x.data, dtype, {n, H});
             const TensorView iv(idx_copy.data(), DType::int32, {n, K});
             MoeInitRoutingPlan plan;
             Status s = infer_moe_init_routing(xv, iv, {}, {}, {}, attrs, &plan);
             if (!s.is_ok()) return report_error(s);
-            auto alloc = [](const OutputSpec& spec) {
-              // At least a byte, for a pointer to give an empty output (every byte is written
-              // otherwise: fresh outputs compare equal to these, see FreshOutputs).
-              std::vector<uint8_t> buffer(
-                  std::max<size_t>(1, size_t(spec.numel()) * dtype_size(spec.dtype)));
-              std::memset(buffer.data(), 0, buffer.size());
-              return buffer;
+            // The outputs the call produces, each zeroed and 64-byte aligned (at least a byte,
+            // for a pointer to give an empty output; every byte is written otherwise: fresh
+            // outputs compare equal to these, see FreshOutputs). The others are not given (a
+            // given one would be zero-filled: bytes the row does not count).
+            const OutputSpec* specs[5] = {&plan.expanded_x, &plan.expanded_row_idx,
+                                          &plan.expert_tokens_count_or_cumsum, &plan.expanded_scale,
+                                          &plan.expanded_topk_weight};
+            std::vector<AlignedBuffer> buffers;
+            int slot[5];
+            for (int k = 0; k < 5; ++k) {
+              slot[k] = specs[k]->produced ? int(buffers.size()) : -1;
+              if (specs[k]->produced)
+                buffers.push_back(aligned_buffer(
+                    std::max<size_t>(1, size_t(specs[k]->numel()) * dtype_size(specs[k]->dtype))));
+            }
+            std::vector<OutputBuffer> given;
+            for (AlignedBuffer& buffer : buffers) given.emplace_back(&buffer);
+            auto view = [&](const Buffers& b, int k) {
+              const OutputSpec& spec = *specs[k];
+              return slot[k] < 0
+                         ? TensorView()
+                         : TensorView(b[size_t(slot[k])], spec.dtype, spec.ndim, spec.shape);
             };
-            auto view = [](uint8_t* buffer, const OutputSpec& spec) {
-              return TensorView(buffer, spec.dtype, spec.ndim, spec.shape);
-            };
-            std::vector<uint8_t> ex = alloc(plan.expanded_x), eri = alloc(plan.expanded_row_idx),
-                                 cnt = alloc(plan.expert_tokens_count_or_cumsum),
-                                 sc = alloc(plan.expanded_scale),
-                                 tw = alloc(plan.expanded_topk_weight);
             Row row = base;
             row.op = "init-routing";
             row.scenario = drop_pad ? "drop_pad" : "dropless";
             row.read_bytes = double(n * H) * esize + double(n * K) * 4.0;
             row.write_bytes = double(plan.expanded_x.numel()) * esize + double(n * K) * 4.0 +
                               double(plan.expert_tokens_count_or_cumsum.numel()) * 8.0;
-            s = time_call(row,
-                          [&](const ExecConfig& c, const Buffers& b) {
-                            return moe_init_routing(xv, iv, {}, {}, {}, attrs,
-                                                    view(b[0], plan.expanded_x),
-                                                    view(b[1], plan.expanded_row_idx),
-                                                    view(b[2], plan.expert_tokens_count_or_cumsum),
-                                                    view(b[3], plan.expanded_scale),
-                                                    view(b[4], plan.expanded_topk_weight), c);
-                          },
-                          {&ex, &eri, &cnt, &sc, &tw});
+            s = time_call(
+                row,
+                [&](const ExecConfig& c, const Buffers& b) {
+                  return moe_init_routing(xv, iv, {}, {}, {}, attrs, view(b, 0), view(b, 1),
+                                          view(b, 2), view(b, 3), view(b, 4), c);
+                },
+                given);
             if (!s.is_ok()) return report_error(s);
           }
         }
@@ -995,8 +1027,12 @@ class BenchCommand : public Command {
          [&](size_t c) { return BandwidthMeter::copy_bandwidth(samples[c]); });
     line("read alone (a sum over 8 streams per thread)",
          [&](size_t c) { return BandwidthMeter::read_bandwidth(samples[c]); });
-    line("write alone (memset)",
-         [&](size_t c) { return BandwidthMeter::write_bandwidth(samples[c]); });
+    line("write alone (memset)", [&](size_t c) {
+      return BandwidthMeter::bandwidth(samples[c], &BandwidthMeter::Sample::memset_s);
+    });
+    line("write alone (non-temporal stores)", [&](size_t c) {
+      return BandwidthMeter::bandwidth(samples[c], &BandwidthMeter::Sample::stream_s);
+    });
     if (clzero)
       line("write alone, zero lines (CLZERO: no data leaves the core)",
            [&](size_t c) { return bytes / median(zero_s[c]); });
