@@ -715,7 +715,8 @@ mrStatus mrMoeFinalizeRoutingV2GradInferShape(
  *                          where R is the rows of gradExpandedX (N*K; activeNum when
  *                          0 < activeNum < N*K; expertNum * expertCapacity in drop-pad),
  *                          P = N*K the pairs and E = bias.size(0) (the last 4 bytes align the
- *                          lists to int32 in a workspace of any alignment). CUDA tensors: 0.
+ *                          lists to int32 in a workspace of any alignment); 0 with H = 0.
+ *                          CUDA tensors: 0.
  *                          Must not be NULL.
  * @param executor          receives the plan; set to NULL on failure. Must not be NULL.
  * @return as mrMoeFinalizeRoutingGetWorkspaceSize.

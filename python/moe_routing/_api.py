@@ -218,10 +218,13 @@ def _eager(op, *args, **kwargs):
         # Only the schema's refusal: the operators' own errors (NotImplementedError is a
         # RuntimeError) pass unchanged.
         refused = None
-        if type(error) is RuntimeError and "Expected a value of type" in str(error):
-            refused = _schema_error(op, args, kwargs)
-        elif type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
+        if type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
             refused = NotImplementedError(func_transform_error(_name(op)))
+        elif type(error) is RuntimeError:
+            # The schema's refusals, in whatever words PyTorch has for them ("Expected a value of type ...";
+            # "tensor does not have a device" for None as a required tensor), or None where the schema takes
+            # every argument (the error is then another one, and passes unchanged).
+            refused = _schema_error(op, args, kwargs)
         elif type(error) is NotImplementedError and str(error).startswith("Could not run 'moe_routing::"):
             refused = _layout_error(op, args, kwargs)  # the dispatcher's: no kernel for that backend
         if refused is None:
@@ -495,6 +498,11 @@ def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tens
         ValueError: invalid arguments; IndexError: an index or expert id out of range.
     """
     function = "moe_finalize_routing_grad"
+    if not isinstance(grad_bias, bool) and type(grad_bias).__name__ != "bool_":  # NumPy's bool
+        try:  # an int is taken for its truth, as the schema's bool takes it; a float or a str is refused
+            operator.index(grad_bias)
+        except TypeError:
+            raise ValueError(f"{function}: grad_bias must be a bool, got {grad_bias!r}") from None
     args = (grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode, active_num, expert_num,
             expert_capacity)
     if out is not None:
@@ -531,10 +539,14 @@ def _out_tuple(function: str, out, names, optional=()) -> tuple:
 def _two_ints(op: str, name: str, values) -> list:
     """A list of two ints from any sequence of two integer values; floats and bools are refused rather than
     truncated or taken as 0 and 1 ([0.9, 2.9] is not [0, 2], [False, 4] is not [0, 4])."""
-    try:
-        result = None if any(_not_an_int(v) for v in values) else [operator.index(v) for v in values]
-    except TypeError:
-        result = None
+    result = None
+    # An ordered sequence: a set's order is not its elements' ([3, 1] iterates as [1, 3]), and bytes or a str
+    # are not a list of ints however they iterate.
+    if not isinstance(values, (set, frozenset, dict, str, bytes, bytearray)):
+        try:
+            result = None if any(_not_an_int(v) for v in values) else [operator.index(v) for v in values]
+        except TypeError:
+            result = None
     if result is None or len(result) != 2:
         raise ValueError(f"{op}: {name} must be a list of two ints [start, end], got {values!r}")
     return result

@@ -266,6 +266,29 @@ def _moe_init_routing_out_fake(x, expert_idx, scale=None, offset=None, topk_weig
 _FINALIZE_APIS = ("v1", "v2")
 
 
+def _check_2d_kind(op, name, t, dtype, extents, what):
+    """The core's check of a present 2-D input (check_2d in src/ops/moe_finalize_routing/meta.cpp), its rank and
+    dtype, in its words: the extents may be symbolic here, and the device kernel checks them. `extents()` gives
+    the (rows, cols) the message names, computed only for the message (no guard on a symbolic size)."""
+    if t is not None and (t.dim() != 2 or t.dtype != dtype):
+        rows, cols = extents()
+        raise ValueError(f"{op}: {name} must be 2-D {dtype_name(dtype)} [{rows}, {cols}] ({what}), got "
+                         f"{_describe(t)}")
+
+
+def _check_scales_kind(op, scales, dtype, of):
+    """scales: 2-D of the data's dtype, or float32 with bfloat16 data (both operators' rule and words)."""
+    mixed = dtype == torch.bfloat16 and scales.dtype == torch.float32
+    if scales.dim() != 2 or (scales.dtype != dtype and not mixed):
+        raise ValueError(f"{op}: scales must be 2-D [N, K] of the dtype of {of} ({dtype_name(dtype)}"
+                         f"{') or float32' if dtype == torch.bfloat16 else ')'}, got {_describe(scales)}")
+
+
+def _check_bias_kind(op, bias, dtype, hidden):
+    if bias is not None and (bias.dim() != 2 or bias.dtype != dtype):
+        raise ValueError(f"{op}: bias must be 2-D {dtype_name(dtype)} [E, {hidden}] ([E, H]), got {_describe(bias)}")
+
+
 @torch.library.register_fake("moe_routing::moe_finalize_routing")
 def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, bias=None, scales=None,
                                expert_idx=None, x=None, alpha1=None, alpha2=None, v=None, drop_pad_mode=0,
@@ -319,15 +342,24 @@ def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, b
         raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {_describe(expanded_row_idx)}")
     top_k = 1 if k is None else k
     if scales is not None:
-        # Only what the shape needs; the core checks the optional inputs' presence rules first.
-        mixed = ") or float32" if expanded_x.dtype == torch.bfloat16 else ")"
-        if scales.dim() != 2:
-            raise ValueError(f"{op}: scales must be 2-D [N, K] of the dtype of expanded_x "
-                             f"({dtype_name(expanded_x.dtype)}{mixed}, got {_describe(scales)}")
+        # The core checks the optional inputs' presence rules first (not repeated here).
+        _check_scales_kind(op, scales, expanded_x.dtype, "expanded_x")
         if scales.shape[1] < 1:
             raise ValueError(f"{op}: scales.size(1) (K) must be >= 1, got {scales.shape[1]}")
         top_k = scales.shape[1]
-    return expanded_x.new_empty((expanded_row_idx.shape[0] // top_k, expanded_x.shape[-1]))
+    n, hidden, dtype = expanded_row_idx.shape[0] // top_k, expanded_x.shape[-1], expanded_x.dtype
+    # The other inputs' ranks and dtypes, in the core's order.
+    _check_2d_kind(op, "x1", x1, dtype, lambda: (n, hidden), "[N, H]")
+    _check_2d_kind(op, "x2", x2, dtype, lambda: (n, hidden), "[N, H]")
+    _check_2d_kind(op, "expert_idx", expert_idx, torch.int32, lambda: (n, top_k), "[N, K]")
+    _check_bias_kind(op, bias, dtype, hidden)
+    _check_2d_kind(op, "x", x, dtype, lambda: (n, hidden), "[N, H]")
+    if alpha1 is not None and constant_expert_range is not None:
+        def constant_rows():
+            return constant_expert_range[1] - constant_expert_range[0], hidden
+        for name, t in (("alpha1", alpha1), ("alpha2", alpha2), ("v", v)):
+            _check_2d_kind(op, name, t, dtype, constant_rows, "[constant_expert_range size, H]")
+    return expanded_x.new_empty((n, hidden))
 
 
 @torch.library.register_fake("moe_routing::moe_finalize_routing.out")
@@ -357,8 +389,8 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
     for name, value in (("active_num", active_num), ("expert_num", expert_num), ("expert_capacity", expert_capacity)):
         if value < 0:
             raise ValueError(f"{op}: {name} must be >= 0, got {value}")
-    if grad_y.dim() != 2:
-        raise ValueError(f"{op}: grad_y must be 2-D [N, H] float16, bfloat16 or float32, got {grad_y.dim()}-D")
+    if grad_y.dim() != 2 or grad_y.dtype not in _FLOATS:
+        raise ValueError(f"{op}: grad_y must be 2-D [N, H] float16, bfloat16 or float32, got {_describe(grad_y)}")
     if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
         raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {expanded_row_idx.dim()}-D "
                          f"{expanded_row_idx.dtype}")
@@ -383,6 +415,16 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
         # symbolic pair count.
         rows = pairs if active_num == 0 else torch.sym_min(active_num, pairs)
         grad_expanded_x = grad_y.new_empty((rows, hidden))
+    # The optional inputs' ranks and dtypes, in the core's words (src/ops/moe_finalize_routing_grad/meta.cpp).
+    if expanded_x is not None and (expanded_x.dim() != grad_expanded_x.dim() or expanded_x.dtype != grad_y.dtype):
+        raise ValueError(f"{op}: expanded_x must be {grad_expanded_x.dim()}-D {dtype_name(grad_y.dtype)} "
+                         f"{list(grad_expanded_x.shape)} (the shape of grad_expanded_x), got {_describe(expanded_x)}")
+    if scales is not None:
+        _check_scales_kind(op, scales, grad_y.dtype, "grad_y")
+    def n_k():
+        return n, scales.shape[1] if scales is not None else (pairs // n if n else 0)
+    _check_2d_kind(op, "expert_idx", expert_idx, torch.int32, n_k, "[N, K]")
+    _check_bias_kind(op, bias, grad_y.dtype, hidden)
     grad_scales = None
     if scales is not None and expanded_x is not None:
         grad_scales = scales.new_empty(scales.shape)

@@ -236,6 +236,14 @@ Status moe_finalize_routing_grad(FinalizeRoutingGradProblem p,
         &verdict));
     MOE_ROUTING_RETURN_IF_ERROR(finalize_verdict_status(kGradOp, verdict, R, plan.skip_to, K, E));
   }
+  // No columns: every pair's grad_scales is +0 (all-zero bits in every float dtype), and no list
+  // is built (a drop-pad layout's rows would size them), as on the CPU.
+  if (H == 0) {
+    if (p.grad_scales != nullptr && pairs > 0)
+      MOE_ROUTING_CUDA_CHECK(
+          kGradOp, cudaMemsetAsync(p.grad_scales, 0, bytes_of(p.scales_dtype, pairs), stream));
+    return Status::ok();
+  }
 
   // The pair lists: a sizing pass over a null layout, then the real one.
   const bool bias_lists = p.grad_bias != nullptr && E > 0;

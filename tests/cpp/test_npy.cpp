@@ -1,6 +1,7 @@
 // .npy reading and writing (tools/cli/npy.h): round trips for every dtype including 0-d and empty
 // arrays, byte-for-byte agreement with files NumPy wrote, versions 2.0/3.0, a table of malformed
 // files -> message, and atomic writes.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -268,6 +269,11 @@ TEST(Npy, RejectsMalformedFilesWithClearMessages) {
        v1("{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (6,)}", six_floats),
        "header key 'descr' must appear once, got it twice"},
       {"negative dim", v1(dict("<f4", "(-6,)"), six_floats), "a non-negative integer in the shape"},
+      // Python reads "(6)" as the integer 6 and refuses "06": so does NumPy, and so must we.
+      {"one dim without its comma", v1(dict("<f4", "(6)"), six_floats),
+       "a tuple, (n,) for one dimension"},
+      {"leading zero", v1(dict("<f4", "(06,)"), six_floats),
+       "a shape dimension without leading zeros"},
       {"shape not a tuple",
        v1("{'descr': '<f4', 'fortran_order': False, 'shape': '6'}", six_floats),
        "shape must be a tuple of integers"},
@@ -349,6 +355,65 @@ TEST(Npy, FailedWritesLeaveNothingBehind) {
   ASSERT_TRUE(npy::read(path, &back).is_ok());
   EXPECT_EQ(back.dtype, DType::int8);
   EXPECT_EQ(back.shape, std::vector<int64_t>{5});
+}
+
+/// The names in a directory, "." and ".." left out.
+std::vector<std::string> names_in(const std::string& directory) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(directory.c_str())) {
+    while (const dirent* entry = ::readdir(d))
+      if (std::strcmp(entry->d_name, ".") != 0 && std::strcmp(entry->d_name, "..") != 0)
+        names.push_back(entry->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
+TEST(Npy, WritesAndReplacesNamesOfTheLongestLengthAFileSystemTakes) {
+  // The temporary and the backup beside an output took its name plus 11 bytes, past the 255
+  // bytes of a file name: an output named 245-255 bytes long could not be written.
+  TempDir dir;
+  for (size_t length : {size_t(244), size_t(245), size_t(255)}) {
+    const std::string name = std::string(length - 4, 'c') + ".npy";
+    const std::string path = dir.file(name);
+    ASSERT_TRUE(npy::write(path, patterned(DType::int32, {3})).is_ok()) << length;
+    Status s = npy::write(path, patterned(DType::int8, {5}));  // a replace: temporary and backup
+    ASSERT_TRUE(s.is_ok()) << length << ": " << s.message();
+    npy::Array back;
+    ASSERT_TRUE(npy::read(path, &back).is_ok());
+    EXPECT_EQ(back.shape, std::vector<int64_t>{5});
+    EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{name}) << "left behind";
+    std::remove(path.c_str());
+  }
+}
+
+TEST(Npy, ReplacingKeepsTheModeAndRefusesAFileTheUserMayNotWrite) {
+  // A replaced output took the new file's mode (0666 less the umask): a private file became
+  // world-readable, and a read-only one was replaced where only the directory was writable.
+  TempDir dir;
+  const std::string path = dir.file("private.npy");
+  ASSERT_TRUE(npy::write(path, patterned(DType::int32, {3})).is_ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+  ASSERT_TRUE(npy::write(path, patterned(DType::int32, {4})).is_ok());
+  struct stat info;
+  ASSERT_EQ(::stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 07777, 0600u);
+
+  ASSERT_EQ(::chmod(path.c_str(), 0444), 0);
+  const Bytes before = read_all(path);
+  const Status s = npy::write(path, patterned(DType::int32, {5}));
+  if (::geteuid() == 0) {  // root may write any file, as NumPy's np.save could
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    ASSERT_EQ(::stat(path.c_str(), &info), 0);
+    EXPECT_EQ(info.st_mode & 07777, 0444u);
+  } else {
+    EXPECT_NE(s.message().find("private.npy: output must be writable, got 'Permission denied'"),
+              std::string::npos)
+        << s.message();
+    EXPECT_EQ(read_all(path), before);
+  }
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"private.npy"}) << "left behind";
+  ::chmod(path.c_str(), 0600);
 }
 
 TEST(Npy, EncodeRejectsWhatCannotBeWritten) {

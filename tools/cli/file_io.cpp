@@ -106,10 +106,15 @@ std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+/// The longest file name (one path component) this tool makes beside an output: Linux's
+/// NAME_MAX, which every common file system of it shares.
+constexpr size_t kNameMax = 255;
+
 /// `<path>.<6 random letters or digits><suffix>`: a name beside `path` for a temporary or a
-/// backup. Callers create it exclusively and draw again when it exists, so the name only has to
-/// be unlikely to collide, across processes too (the seed mixes the pid, the clock and the OS's
-/// entropy). The tool is single-threaded where it writes files.
+/// backup, its last component cut short where it would exceed kNameMax (an output name of up to
+/// kNameMax bytes must still get one). Callers create it exclusively and draw again when it
+/// exists, so the name only has to be unlikely to collide, across processes too (the seed mixes
+/// the pid, the clock and the OS's entropy). The tool is single-threaded where it writes files.
 std::string random_name(const std::string& path, const char* suffix) {
   static std::mt19937_64 engine([] {
     std::random_device entropy;
@@ -117,7 +122,11 @@ std::string random_name(const std::string& path, const char* suffix) {
            uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   }());
   static const char kAlphabet[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::string name = path + '.';
+  const size_t slash = path.rfind('/');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;
+  const size_t added = 1 + 6 + std::strlen(suffix);  // ".", the letters, the suffix
+  const size_t keep = std::min(path.size() - base, kNameMax - added);
+  std::string name = path.substr(0, base + keep) + '.';
   for (int i = 0; i < 6; ++i) name += kAlphabet[engine() % (sizeof kAlphabet - 1)];
   return name + suffix;
 }
@@ -172,6 +181,7 @@ struct Destination {
   bool backup_is_link = true;  // false: an empty placeholder that the previous file moves onto
   bool moved_aside = false;    // the previous file sits at `backup`, `target` is free
   bool committed = false;      // the new contents are at `target`
+  struct stat replaced {};     // replace: the previous file's mode and owner, which the new keeps
 };
 
 /// Decides how `file` is written; a directory or a link to nothing is an error.
@@ -198,8 +208,12 @@ Status classify(const OutputFile& file, Destination* d) {
     d->target = file.path;
     return Status::ok();
   }
+  // A file the user may not write (read-only to them) is not replaced behind their back, as the
+  // directory's permissions alone would allow.
+  if (::access(file.path.c_str(), W_OK) != 0) return write_error(file.label, errno);
   d->kind = Destination::replace;
   d->target = file.path;
+  d->replaced = info;
   if (S_ISLNK(link_info.st_mode)) {
     char* resolved = ::realpath(file.path.c_str(), nullptr);
     if (resolved == nullptr) return write_error(file.label, errno);
@@ -217,6 +231,14 @@ Status write_temporary(const OutputFile& file, Destination* d) {
     return write_error(file.label, errno);
   }
   int error = write_pieces(fd, file.pieces);
+  if (error == 0 && d->kind == Destination::replace) {
+    // The new file takes the replaced one's owner (where this process may give it: root, or the
+    // owner itself) and then its permission bits, as a write into the old file would keep them.
+    if (::fchown(fd, d->replaced.st_uid, d->replaced.st_gid) != 0) {
+      // Not permitted: the new file stays this process's own.
+    }
+    if (::fchmod(fd, d->replaced.st_mode & 07777) != 0) error = errno;
+  }
   if (error == 0 && ::fsync(fd) != 0) error = errno;
   if (::close(fd) != 0 && error == 0 && errno != EINTR) error = errno;
   return error == 0 ? Status::ok() : write_error(file.label, error);
@@ -353,6 +375,8 @@ Status InputFile::read(void* out, size_t count, size_t* got) {
 Status check_writable(const std::string& path, const std::string& label) {
   struct stat info;
   if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return write_error(label, EISDIR);
+  if (::stat(path.c_str(), &info) == 0 && ::access(path.c_str(), W_OK) != 0)
+    return write_error(label, errno);
   if (::access(directory_of(path).c_str(), W_OK | X_OK) != 0) return write_error(label, errno);
   return Status::ok();
 }

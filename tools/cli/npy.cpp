@@ -166,8 +166,13 @@ class HeaderParser {
       ++pos_;
       value->kind = HeaderValue::tuple;
       skip_space();
+      bool comma = false;  // after the last element: Python writes one element as (n,)
       while (!eat(')')) {
         if (peek() < '0' || peek() > '9') return fail("a non-negative integer in the shape", error);
+        // Python refuses a decimal integer with leading zeros ("06"), and so does NumPy.
+        if (peek() == '0' && pos_ + 1 < text_.size() && text_[pos_ + 1] >= '0' &&
+            text_[pos_ + 1] <= '9')
+          return fail("a shape dimension without leading zeros", error);
         int64_t number = 0;
         while (peek() >= '0' && peek() <= '9') {
           const int digit = peek() - '0';
@@ -179,12 +184,16 @@ class HeaderParser {
         eat('L');  // Python 2 longs, as old NumPy versions wrote them
         value->numbers.push_back(number);
         skip_space();
-        if (eat(',')) {
+        comma = eat(',');
+        if (comma) {
           skip_space();
         } else if (peek() != ')') {
           return fail("',' or ')' in the shape", error);
         }
       }
+      // "(6)" is the integer 6 in Python, not a tuple: NumPy refuses it as a shape.
+      if (value->numbers.size() == 1 && !comma)
+        return fail("a tuple, (n,) for one dimension", error);
       return true;
     }
     if (c == '[') return fail("a plain dtype string (structured dtypes are not supported)", error);

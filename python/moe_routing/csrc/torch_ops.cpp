@@ -138,11 +138,22 @@ const at::Tensor& or_absent(const std::optional<at::Tensor>& t) {
 // The one place where the binding's `numerics` (and the backward's explicit `order`) meet the
 // core's attributes.
 
+/// Text as the core's parsers read it: a C string, so a NUL inside (which Python strings may hold)
+/// would end it early ("ascend_950\0junk" read as "ascend_950"); such text is refused with the
+/// parser's message (the NUL shown as \0).
+bool parsable(const std::string& value) { return value.find('\0') == std::string::npos; }
+std::string shown(std::string value) {
+  for (size_t at = value.find('\0'); at != std::string::npos; at = value.find('\0', at + 2))
+    value.replace(at, 1, "\\0");
+  return value;
+}
+
 Numerics parse_numerics(const char* op, c10::string_view text) {
   const std::string value(text);
   Numerics numerics = Numerics::atlas_a2;
-  TORCH_CHECK_VALUE(moe_routing::parse_numerics(value.c_str(), &numerics), op,
-                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", value, "\"");
+  TORCH_CHECK_VALUE(parsable(value) && moe_routing::parse_numerics(value.c_str(), &numerics), op,
+                    ": numerics must be \"atlas_a2\" or \"ascend_950\", got \"", shown(value),
+                    "\"");
   return numerics;
 }
 
@@ -159,9 +170,9 @@ void set_numerics(Numerics numerics, const std::optional<c10::string_view>& orde
   attrs->order = moe_routing::AccumulationOrder::from_numerics;
   if (!order.has_value()) return;
   const std::string text(*order);
-  TORCH_CHECK_VALUE(moe_routing::parse_accumulation_order(text.c_str(), &attrs->order),
-                    "moe_init_routing_grad: order must be \"tree\" or \"sequential\", got \"", text,
-                    "\"");
+  TORCH_CHECK_VALUE(
+      parsable(text) && moe_routing::parse_accumulation_order(text.c_str(), &attrs->order),
+      "moe_init_routing_grad: order must be \"tree\" or \"sequential\", got \"", shown(text), "\"");
 }
 
 // ---- execution on the operator's device -------------------------------------------------------
@@ -635,8 +646,8 @@ moe_routing::ExpertRange expert_range(const char* op, const char* name,
 moe_routing::FinalizeRoutingApi parse_api(const char* op, c10::string_view text) {
   const std::string value(text);
   moe_routing::FinalizeRoutingApi api = moe_routing::FinalizeRoutingApi::v2;
-  TORCH_CHECK_VALUE(moe_routing::parse_finalize_routing_api(value.c_str(), &api), op,
-                    ": api must be \"v1\" or \"v2\", got \"", value, "\"");
+  TORCH_CHECK_VALUE(parsable(value) && moe_routing::parse_finalize_routing_api(value.c_str(), &api),
+                    op, ": api must be \"v1\" or \"v2\", got \"", shown(value), "\"");
   return api;
 }
 
@@ -885,6 +896,36 @@ void out_overload_bump_versions(const c10::OperatorHandle& op, c10::DispatchKeyS
   for (const at::Tensor& t : written) t.unsafeGetTensorImpl()->bump_version();
 }
 
+/// Negative and Conjugate kernels of the out= overloads. PyTorch's fallback for a tensor whose
+/// negation or conjugation is a lazy bit (t._neg_view(), c.conj().imag) runs the operator on
+/// resolved copies and then expects it to return its out= tensors, which these overloads (they
+/// return nothing) do not: an internal assert, and the process crashed on the next call. An out=
+/// tensor with such a bit is refused, naming it; an input with one is resolved into a copy, as the
+/// fallback does for the functional operators.
+void out_overload_lazy_views(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                             torch::jit::Stack* stack) {
+  const std::vector<c10::Argument>& arguments = op.schema().arguments();
+  const auto first = stack->end() - static_cast<std::ptrdiff_t>(arguments.size());
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    c10::IValue& arg = first[static_cast<std::ptrdiff_t>(i)];
+    if (!arg.isTensor() || !arg.toTensor().defined()) continue;
+    const at::Tensor t = arg.toTensor();
+    if (!t.is_neg() && !t.is_conj()) continue;
+    const c10::AliasInfo* alias = arguments[i].alias_info();
+    if (alias == nullptr || !alias->isWrite()) {
+      arg = t.resolve_conj().resolve_neg();
+      continue;
+    }
+    const std::string& name = op.schema().name();
+    const char* kind = t.is_neg() ? "negated" : "conjugated";
+    TORCH_CHECK_VALUE(false, name.substr(name.find("::") + 2), ": ", arguments[i].name(),
+                      " must not be a lazily ", kind, " view (its values are stored un", kind,
+                      "; write into a plain tensor), got one");
+  }
+  op.redispatchBoxed(keys.remove(c10::DispatchKey::Negative).remove(c10::DispatchKey::Conjugate),
+                     stack);
+}
+
 /// The device kernels, the same functions on every device.
 void register_kernels(torch::Library& m) {
   m.impl("moe_init_routing_grad", TORCH_FN(moe_init_routing_grad));
@@ -1013,6 +1054,16 @@ TORCH_LIBRARY_IMPL(moe_routing, ADInplaceOrView, m) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_bump_versions>());
   for (const char* op : kFunctionalOps)
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&functional_refuse_forward_ad>());
+}
+
+TORCH_LIBRARY_IMPL(moe_routing, Negative, m) {
+  for (const char* op : kOutOverloads)
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_lazy_views>());
+}
+
+TORCH_LIBRARY_IMPL(moe_routing, Conjugate, m) {
+  for (const char* op : kOutOverloads)
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&out_overload_lazy_views>());
 }
 
 TORCH_LIBRARY_IMPL(moe_routing, Autograd, m) {

@@ -1,6 +1,7 @@
 // moe_finalize_routing_grad entry point: validate, check the index values, hand the problem to a
 // backend.
 #include "cpu/cpu_backend.h"
+#include "moe_routing/dtype.h"
 #include "moe_routing/moe_finalize_routing.h"
 #include "ops/guard.h"
 #include "ops/moe_finalize_routing_grad/meta.h"
@@ -15,6 +16,7 @@ namespace moe_routing {
 uint64_t moe_finalize_routing_grad_workspace_size(const MoeFinalizeRoutingGradPlan& plan,
                                                   int num_threads) {
   static_cast<void>(num_threads);  // the pair lists do not depend on the thread count
+  if (plan.hidden == 0) return 0;  // no columns: no lists (moe_finalize_routing_grad below)
   return cpu::finalize_grad_workspace_bytes(plan.num_rows * plan.top_k, plan.expanded_rows,
                                             plan.expert_num, plan.compute_grad_bias);
 }
@@ -37,6 +39,15 @@ Status moe_finalize_routing_grad(const MoeFinalizeRoutingGradInputs& inputs,
 #endif
     MOE_ROUTING_RETURN_IF_ERROR(check_moe_finalize_routing_grad_indices(problem.expanded_row_idx,
                                                                         problem.expert_idx, plan));
+    // No columns: grad_expanded_x and grad_bias hold no element, and every pair's grad_scales is
+    // +0 (a sum over no column). Done here for every backend, before any of them sizes its lists
+    // by the rows: a drop-pad layout of expert_num * expert_capacity rows costs nothing then.
+    if (plan.hidden == 0) {
+      if (problem.grad_scales != nullptr)
+        for (int64_t q = 0; q < problem.num_rows * problem.top_k; ++q)
+          store_from_float(problem.grad_scales, problem.scales_dtype, q, 0.0f);
+      return Status::ok();
+    }
     // Backends take their memory and threads before writing, so a refusal leaves every output
     // untouched.
     if (config.backend == Backend::reference)

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <new>
@@ -260,6 +261,70 @@ TEST(AdversarialEmptyOutputs, DropPadSlotsOfHiddenZeroCostNothing) {
         const std::vector<int32_t> expected = {5, 6, 7, 8, 9, -1, -1, -1, -1, -1};
         EXPECT_EQ(row_idx.values<int32_t>(), expected);  // expert 1's 5 slots, then full
       }
+    }
+}
+
+TEST(AdversarialEmptyOutputs, CombineBackwardOfHiddenZeroCostsNothingInAnyLayout) {
+  // moe_finalize_routing_grad with H = 0: grad_expanded_x and grad_bias hold no element and
+  // every grad_scales is +0, however many rows a drop-pad layout (expert_num * expert_capacity)
+  // gives. Both backends built their pair lists over every row first (16 GiB of workspace and
+  // 12 s at 2^31 - 1 rows), and the C workspace size grew with the rows.
+  struct Case {
+    const char* name;
+    int64_t experts, capacity;
+    bool bias;
+  };
+  const Case cases[] = {
+      {"2^31 - 1 experts of 1 slot", kInt32Max, 1, false},
+      {"3 experts of 715827882 slots", 3, 715827882, false},
+      {"2^31 - 1 experts of 1 slot, grad_bias", kInt32Max, 1, true},
+  };
+  const int64_t N = 3, K = 2;
+  for (const Case& c : cases)
+    for (const Runner& runner : {kReference, kCpu}) {
+      SCOPED_TRACE(std::string(c.name) + ", " + runner.name());
+      Tensor grad_y(DType::float32, {N, 0});
+      // Two pairs in the last slot and the first, the others dropped (-1).
+      Tensor row_idx =
+          Tensor::int32s({N * K}, {int32_t(c.experts * c.capacity - 1), -1, 0, -1, -1, -1});
+      Tensor expanded_x(DType::float32, {c.experts, c.capacity, 0});
+      Tensor scales = Tensor::floats(DType::float32, {N, K}, {1, 2, 3, 4, 5, 6});
+      Tensor expert_idx = Tensor::int32s({N, K}, {int32_t(c.experts - 1), 0, 0, 0, 0, 0});
+      Tensor bias(DType::float32, {c.experts, 0});
+      Tensor grad_expanded_x(DType::float32, {c.experts, c.capacity, 0});
+      Tensor grad_scales(DType::float32, {N, K});
+      Tensor grad_bias(DType::float32, {c.experts, 0});
+      grad_scales.poison();
+      MoeFinalizeRoutingGradInputs in;
+      in.grad_y = grad_y.view();
+      in.expanded_row_idx = row_idx.view();
+      in.expanded_x = expanded_x.view();
+      in.scales = scales.view();
+      if (c.bias) in.expert_idx = expert_idx.view(), in.bias = bias.view();
+      MoeFinalizeRoutingGradAttrs attrs;
+      attrs.drop_pad_mode = 1;
+      attrs.expert_num = c.experts;
+      attrs.expert_capacity = c.capacity;
+      MoeFinalizeRoutingGradOutputs out;
+      out.grad_expanded_x = grad_expanded_x.view();
+      out.grad_scales = grad_scales.view();
+      if (c.bias) out.grad_bias = grad_bias.view();
+      MoeFinalizeRoutingGradPlan plan;
+      ASSERT_TRUE(infer_moe_finalize_routing_grad(in, attrs, &plan).is_ok());
+      EXPECT_EQ(moe_finalize_routing_grad_workspace_size(plan, 1), 0u);
+      Status s;
+      int64_t peak;
+      double elapsed;
+      {
+        AllocationScope scope;
+        elapsed = seconds([&] { s = moe_finalize_routing_grad(in, attrs, out, runner.config()); });
+        peak = scope.peak();
+      }
+      ASSERT_TRUE(s.is_ok()) << s.message();
+      EXPECT_LT(elapsed, 1.0);  // microseconds of work, as the dispatch's case above
+      EXPECT_LT(peak, kMiB);
+      EXPECT_EQ(grad_scales.values<float>(), std::vector<float>(size_t(N * K), 0.0f));
+      for (float v : grad_scales.values<float>()) EXPECT_FALSE(std::signbit(v));  // +0
     }
 }
 

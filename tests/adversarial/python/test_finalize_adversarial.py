@@ -162,7 +162,9 @@ def test_out_must_be_exactly_the_result():
         assert torch.equal(bad, before)
 
 
-@pytest.mark.parametrize("bad", [[0.9, 2.9], (1, 2.0), [torch.tensor(1.5), 3], ["0", "2"], [0, 1, 2], [3], 5])
+@pytest.mark.parametrize("bad", [[0.9, 2.9], (1, 2.0), [torch.tensor(1.5), 3], ["0", "2"], [0, 1, 2], [3], 5,
+                                 {3, 1}, frozenset({0, 2}), b"\x00\x01", bytearray(b"\x00\x01"), "01",
+                                 {0: 1, 2: 3}])
 def test_expert_ranges_must_be_two_ints(bad):
     case = combine_case()
     with pytest.raises(ValueError, match=r"moe_finalize_routing: zero_expert_range must be a list of two ints"):
@@ -208,3 +210,110 @@ def test_backward_with_a_transposed_expert_idx_and_a_special_range():
         grads.append([leaves[name].grad for name in ("expanded_x", "scales", "bias")])
     for want, got in zip(*grads):
         assert torch.equal(want, got)
+
+
+# ---- found in an adversarial round (2026-12-04) -------------------------------------------------------
+
+LAZY = r"must not be a lazily negated view \(its values are stored unnegated; write into a plain tensor\), got one"
+
+
+def lazily_negated(shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype)._neg_view()
+
+
+def test_out_lazy_views_are_refused_not_a_crash():
+    # PyTorch's fallback for such a tensor expects the out= overload to return it; ours return nothing:
+    # an internal assert, then a segfault on the next call. Twice each, so a crash would show.
+    case = combine_case()
+    idx = case["expanded_row_idx"]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="moe_finalize_routing: out " + LAZY):
+            forward(case, out=lazily_negated((4, 8)))
+        with pytest.raises(ValueError, match="moe_finalize_routing: out " + LAZY):  # the public route to a neg bit
+            forward(case, out=torch.zeros(4, 8, dtype=torch.complex64).conj().imag)
+        with pytest.raises(ValueError, match="moe_finalize_routing_grad: grad_expanded_x " + LAZY):
+            moe_routing.moe_finalize_routing_grad(torch.randn(4, 8), idx, out=(lazily_negated((8, 8)), None))
+        with pytest.raises(ValueError, match="moe_init_routing_grad: out " + LAZY):
+            moe_routing.moe_init_routing_grad(torch.randn(8, 8), idx, 2, out=lazily_negated((4, 8)))
+        with pytest.raises(ValueError, match="moe_finalize_routing: out " + LAZY):
+            torch.ops.moe_routing.moe_finalize_routing.out(case["expanded_x"], idx, scales=case["scales"],
+                                                           drop_pad_mode=2, out=lazily_negated((4, 8)))
+
+
+def test_lazily_negated_inputs_of_an_out_call_are_read_as_their_values():
+    case = combine_case()
+    expected = forward(case)
+    negated = dict(case, expanded_x=(-case["expanded_x"])._neg_view(), x1=(-case["x1"])._neg_view())
+    out = torch.empty(4, 8)
+    forward(negated, out=out)
+    assert torch.equal(out, expected)
+    assert torch.equal(forward(negated), expected)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda c: moe_routing.moe_finalize_routing(c["expanded_x"], None), "moe_finalize_routing: expanded_row_idx"),
+    (lambda c: moe_routing.moe_finalize_routing(None, c["expanded_row_idx"]), "moe_finalize_routing: expanded_x"),
+    (lambda c: moe_routing.moe_finalize_routing_grad(None, c["expanded_row_idx"]),
+     "moe_finalize_routing_grad: grad_y"),
+    (lambda c: moe_routing.moe_finalize_routing_grad(torch.randn(4, 8), None),
+     "moe_finalize_routing_grad: expanded_row_idx"),
+])
+def test_none_for_a_required_tensor_is_named(call, name):
+    # PyTorch's own message was "tensor does not have a device", naming neither function nor argument.
+    with pytest.raises(ValueError, match=name + " must be a tensor, got NoneType"):
+        call(combine_case())
+
+
+@pytest.mark.parametrize("keyword, text, message", [
+    ("numerics", "ascend_950\0junk", r'numerics must be "atlas_a2" or "ascend_950", got "ascend_950\\0junk"'),
+    ("api", "v2\0x", r'api must be "v1" or "v2", got "v2\\0x"'),
+])
+def test_a_nul_inside_a_string_is_refused(keyword, text, message):
+    # Read as a C string, "ascend_950\0junk" was ascend_950 in eager mode (the meta path refused it).
+    with pytest.raises(ValueError, match="moe_finalize_routing: " + message):
+        forward(combine_case(), **{keyword: text})
+
+
+@pytest.mark.parametrize("bad", [0.5, float("nan"), 0.0, "yes"])
+def test_grad_bias_must_be_a_bool(bad):
+    case = combine_case()
+    with pytest.raises(ValueError, match=f"moe_finalize_routing_grad: grad_bias must be a bool, got {bad!r}"):
+        moe_routing.moe_finalize_routing_grad(torch.randn(4, 8), case["expanded_row_idx"], grad_bias=bad)
+
+
+def meta(t):
+    return None if t is None else t.to("meta")
+
+
+@pytest.mark.parametrize("change", [
+    dict(x1=torch.randn(4, 8).half()), dict(x1=torch.randn(4, 8, 1)), dict(x2=torch.randn(4, 8).int()),
+    dict(scales=torch.rand(4, 2).half()), dict(scales=torch.rand(4, 2).int()),
+    dict(bias=torch.randn(3, 8).half()), dict(bias=torch.randn(8)),
+    dict(expert_idx=torch.zeros(4, 2, dtype=torch.int64)), dict(expert_idx=torch.zeros(8, dtype=I32)),
+])
+def test_meta_refuses_a_forward_input_of_a_wrong_dtype_or_rank_as_the_kernel(change):
+    # docs/python.md: a fake function refuses a bad attribute, dtype or rank as the kernel does; these passed.
+    case = dict(combine_case(), **change)
+    with pytest.raises(ValueError) as on_cpu:
+        forward(case)
+    with pytest.raises(ValueError) as on_meta:
+        forward({name: meta(t) for name, t in case.items()})
+    assert str(on_meta.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("change", [
+    dict(grad_y=torch.randn(4, 8).int()), dict(scales=torch.rand(4, 2).int()),
+    dict(expanded_x=torch.randn(8, 8).half()), dict(expanded_x=torch.randn(8, 4, 2)),
+    dict(bias=torch.randn(3, 8).half()), dict(expert_idx=torch.zeros(4, 2, dtype=torch.int64)),
+])
+def test_meta_refuses_a_backward_input_of_a_wrong_dtype_or_rank_as_the_kernel(change):
+    case = combine_case()
+    args = dict(grad_y=torch.randn(4, 8), expanded_row_idx=case["expanded_row_idx"],
+                expanded_x=case["expanded_x"], scales=case["scales"], expert_idx=case["expert_idx"],
+                bias=case["bias"])
+    args.update(change)
+    with pytest.raises(ValueError) as on_cpu:
+        moe_routing.moe_finalize_routing_grad(**args)
+    with pytest.raises(ValueError) as on_meta:
+        moe_routing.moe_finalize_routing_grad(**{name: meta(t) for name, t in args.items()})
+    assert str(on_meta.value) == str(on_cpu.value)
