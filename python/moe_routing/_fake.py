@@ -16,9 +16,14 @@ _NUMERICS = ("atlas_a2", "ascend_950")
 _ORDERS = ("tree", "sequential")
 
 
+def _shown(text):
+    """A string attribute as the binding's messages quote it: a NUL inside shown as \\0."""
+    return str(text).replace("\0", "\\0")
+
+
 def _check_numerics(op, numerics):
     if numerics not in _NUMERICS:
-        raise ValueError(f'{op}: numerics must be "atlas_a2" or "ascend_950", got "{numerics}"')
+        raise ValueError(f'{op}: numerics must be "atlas_a2" or "ascend_950", got "{_shown(numerics)}"')
 
 
 def _check_devices(op, first, **tensors):
@@ -30,9 +35,14 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _CORE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int32, torch.int64)
 
 
+_MAX_DIMS = 8  # moe_routing::kMaxDims
+
+
 def _check_core_dtypes(op, **tensors):
-    """The binding's first check of each tensor (its Call::view): a dtype the core has."""
+    """The binding's first checks of each tensor (its Call::view): at most 8 dimensions, a dtype the core has."""
     for name, t in tensors.items():
+        if t is not None and t.dim() > _MAX_DIMS:
+            raise ValueError(f"{op}: {name} must have at most {_MAX_DIMS} dimensions, got {t.dim()}")
         if t is not None and t.dtype not in _CORE_DTYPES:
             raise ValueError(f"{op}: {name} must have a dtype among float32, float16, bfloat16, int8, int32, int64, "
                              f"got {dtype_name(t.dtype)}")
@@ -63,7 +73,7 @@ def _moe_init_routing_grad_fake(grad_expanded_x, expanded_row_idx, top_k, drop_p
     _check_devices(op, grad_expanded_x, expanded_row_idx=expanded_row_idx)
     _check_numerics(op, numerics)
     if order is not None and order not in _ORDERS:
-        raise ValueError(f'{op}: order must be "tree" or "sequential", got "{order}"')
+        raise ValueError(f'{op}: order must be "tree" or "sequential", got "{_shown(order)}"')
     _check_core_dtypes(op, grad_expanded_x=grad_expanded_x, expanded_row_idx=expanded_row_idx)
     if drop_pad_mode not in (0, 1):
         raise ValueError(f"{op}: drop_pad_mode must be 0 (dropless/active) or 1 (drop-pad), got {drop_pad_mode}")
@@ -192,6 +202,31 @@ def _check_v4_attrs(op, quant_mode, drop_pad_mode, expert_num, active_expert_ran
     return start, end
 
 
+def _check_v4_optional_inputs(op, scale, offset, topk_weight, quant_mode, n, hidden, k, experts):
+    """The core's rules for scale, offset and topk_weight (src/ops/moe_init_routing/meta.cpp): which must be given
+    and which not, their ranks and dtypes, in its order and words; their extents are the kernel's (the sizes may
+    be symbolic here)."""
+    def float32(t, dims):
+        return t.dim() == dims and t.dtype == torch.float32
+    if quant_mode == -1 and scale is not None and not float32(scale, 1):
+        raise ValueError(f"{op}: scale must be 1-D float32 [N] = [{n}] (a per-token scale) when quant_mode=-1, got "
+                         f"{_describe(scale)}")
+    if quant_mode == 0 and scale is None:
+        raise ValueError(f"{op}: scale must be given (1-D float32 [1]) when quant_mode=0, got none")
+    if quant_mode == 0 and not (float32(scale, 1) and scale.shape[0] == 1):  # [1]: a constant extent
+        raise ValueError(f"{op}: scale must be 1-D float32 [1] when quant_mode=0, got {_describe(scale)}")
+    if quant_mode == 1 and scale is not None and not float32(scale, 2):
+        raise ValueError(f"{op}: scale must be 2-D float32 [end - start, H] = [{experts}, {hidden}] or [1, {hidden}] "
+                         f"(a smooth scale) when quant_mode=1, got {_describe(scale)}")
+    if offset is not None and quant_mode != 0:
+        raise ValueError(f"{op}: offset must be none unless quant_mode=0 (it is only used by static quantisation), "
+                         f"got {_describe(offset)} with quant_mode={quant_mode}")
+    if offset is not None and not (float32(offset, 1) and offset.shape[0] == 1):
+        raise ValueError(f"{op}: offset must be 1-D float32 [1] when quant_mode=0, got {_describe(offset)}")
+    if topk_weight is not None and not float32(topk_weight, 2):
+        raise ValueError(f"{op}: topk_weight must be 2-D float32 [N, K] = [{n}, {k}], got {_describe(topk_weight)}")
+
+
 @torch.library.register_fake("moe_routing::moe_init_routing")
 def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=None, active_num=-1,
                            expert_capacity=-1, expert_num=-1, drop_pad_mode=0, expert_tokens_num_type=0,
@@ -216,6 +251,8 @@ def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=N
         raise ValueError(f"{op}: x must be float16, bfloat16, float32 or int8, got {dtype_name(x.dtype)}")
     n, hidden = x.shape
     pairs = n * expert_idx.shape[1]
+    _check_v4_optional_inputs(op, scale, offset, topk_weight, quant_mode, n, hidden, expert_idx.shape[1],
+                              end - start)
     out_dtype = torch.int8 if quantised else x.dtype
     if drop_pad_mode == 1:
         rows = expert_num * expert_capacity
@@ -289,6 +326,38 @@ def _check_bias_kind(op, bias, dtype, hidden):
         raise ValueError(f"{op}: bias must be 2-D {dtype_name(dtype)} [E, {hidden}] ([E, H]), got {_describe(bias)}")
 
 
+def _check_finalize_presence(op, api, x1, x2, bias, scales, expert_idx, x, alpha1, alpha2, v, enabled):
+    """The core's rules on which inputs the api and the other inputs require (src/ops/moe_finalize_routing/
+    meta.cpp), in its order and words; `enabled` maps the enabled ranges' names to [start, end)."""
+    if api == "v1":
+        for name, t in (("x1", x1), ("bias", bias), ("scales", scales), ("expert_idx", expert_idx)):
+            if t is None:
+                raise ValueError(f"{op}: {name} must be present with api v1, got none")
+        for name, t in (("x", x), ("alpha1", alpha1), ("alpha2", alpha2), ("v", v)):
+            if t is not None:
+                raise ValueError(f"{op}: {name} must be absent with api v1 (it belongs to V3/V4), got {_describe(t)}")
+    if x2 is not None and x1 is None:
+        raise ValueError(f"{op}: x2 needs x1 (CANN adds x2 only to x1), got x2 without x1")
+    if bias is not None and expert_idx is None:
+        raise ValueError(f"{op}: bias needs expert_idx (the row of bias of each pair), got none")
+    names = ("zero_expert_range", "copy_expert_range", "constant_expert_range")
+    for name in names:
+        if name in enabled and expert_idx is None:
+            raise ValueError(f"{op}: {name} needs expert_idx, got none")
+    for name in names[1:]:
+        if name in enabled and x is None:
+            raise ValueError(f"{op}: {name} needs x (the tokens' input rows), got none")
+    given = [t is not None for t in (alpha1, alpha2, v)]
+    if len(set(given)) > 1:
+        no = ["" if g else "no " for g in given]
+        raise ValueError(f"{op}: alpha1, alpha2 and v must be given together, got {no[0]}alpha1, {no[1]}alpha2 and "
+                         f"{no[2]}v")
+    if "constant_expert_range" in enabled and not given[0]:
+        raise ValueError(f"{op}: constant_expert_range needs alpha1, alpha2 and v, got none")
+    if given[0] and "constant_expert_range" not in enabled:
+        raise ValueError(f"{op}: alpha1, alpha2 and v need constant_expert_range, got [-1, -1] (none)")
+
+
 @torch.library.register_fake("moe_routing::moe_finalize_routing")
 def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, bias=None, scales=None,
                                expert_idx=None, x=None, alpha1=None, alpha2=None, v=None, drop_pad_mode=0,
@@ -304,7 +373,7 @@ def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, b
             raise ValueError(f"{op}: {name} must be a list of two ints [start, end], got {len(r)} values")
     _check_numerics(op, numerics)
     if api not in _FINALIZE_APIS:
-        raise ValueError(f'{op}: api must be "v1" or "v2", got "{api}"')
+        raise ValueError(f'{op}: api must be "v1" or "v2", got "{_shown(api)}"')
     inputs = dict(expanded_row_idx=expanded_row_idx, x1=x1, x2=x2, bias=bias, scales=scales, expert_idx=expert_idx,
                   x=x, alpha1=alpha1, alpha2=alpha2, v=v)
     _check_devices(op, expanded_x, **inputs)
@@ -340,9 +409,9 @@ def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, b
         raise ValueError(f"{op}: expanded_x must be float16, bfloat16 or float32, got {dtype_name(expanded_x.dtype)}")
     if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
         raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {_describe(expanded_row_idx)}")
+    _check_finalize_presence(op, api, x1, x2, bias, scales, expert_idx, x, alpha1, alpha2, v, dict(enabled))
     top_k = 1 if k is None else k
     if scales is not None:
-        # The core checks the optional inputs' presence rules first (not repeated here).
         _check_scales_kind(op, scales, expanded_x.dtype, "expanded_x")
         if scales.shape[1] < 1:
             raise ValueError(f"{op}: scales.size(1) (K) must be >= 1, got {scales.shape[1]}")
@@ -392,8 +461,9 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
     if grad_y.dim() != 2 or grad_y.dtype not in _FLOATS:
         raise ValueError(f"{op}: grad_y must be 2-D [N, H] float16, bfloat16 or float32, got {_describe(grad_y)}")
     if expanded_row_idx.dim() != 1 or expanded_row_idx.dtype != torch.int32:
-        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {expanded_row_idx.dim()}-D "
-                         f"{expanded_row_idx.dtype}")
+        raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {_describe(expanded_row_idx)}")
+    if scales is not None:  # the core checks scales' kind next, before the rows
+        _check_scales_kind(op, scales, grad_y.dtype, "grad_y")
     n, hidden = grad_y.shape
     pairs = expanded_row_idx.shape[0]
     if drop_pad_mode == 1:
@@ -419,8 +489,6 @@ def _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expe
     if expanded_x is not None and (expanded_x.dim() != grad_expanded_x.dim() or expanded_x.dtype != grad_y.dtype):
         raise ValueError(f"{op}: expanded_x must be {grad_expanded_x.dim()}-D {dtype_name(grad_y.dtype)} "
                          f"{list(grad_expanded_x.shape)} (the shape of grad_expanded_x), got {_describe(expanded_x)}")
-    if scales is not None:
-        _check_scales_kind(op, scales, grad_y.dtype, "grad_y")
     def n_k():
         return n, scales.shape[1] if scales is not None else (pairs // n if n else 0)
     _check_2d_kind(op, "expert_idx", expert_idx, torch.int32, n_k, "[N, K]")
@@ -455,15 +523,21 @@ def _moe_finalize_routing_grad_out_fake(grad_y, expanded_row_idx, expanded_x=Non
     op = "moe_finalize_routing_grad"
     expected = _finalize_grad_shapes(op, grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias,
                                      drop_pad_mode, active_num, expert_num, expert_capacity, numerics)
+    # The binding's order: each out= tensor the inputs can produce checked against its shape, one they cannot
+    # produce only viewed (rank, dtype), then the core's refusal of it.
+    outs = (("grad_expanded_x", grad_expanded_x, expected[0]), ("grad_scales", grad_scales, expected[1]),
+            ("grad_bias", grad_bias, expected[2]))
+    for name, t, want in outs:
+        if t is not None and want is not None:
+            _check_out(op, grad_y, {name: t}, (want,))
+    for name, t, want in outs:
+        if t is not None and want is None:
+            _check_core_dtypes(op, **{name: t})
     if grad_scales is not None and expected[1] is None:
         raise ValueError(f"{op}: grad_scales needs scales and expanded_x, got "
                          f"{'no expanded_x' if scales is not None else 'no scales'}")
     if grad_bias is not None and expected[2] is None:
         raise ValueError(f"{op}: grad_bias needs bias, got none")
-    outs = {name: t for name, t in (("grad_expanded_x", grad_expanded_x), ("grad_scales", grad_scales),
-                                    ("grad_bias", grad_bias)) if t is not None}
-    _check_out(op, grad_y, outs, [e for e, t in zip(expected, (grad_expanded_x, grad_scales, grad_bias))
-                                  if t is not None])
     return None
 
 

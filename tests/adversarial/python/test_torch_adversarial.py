@@ -256,3 +256,57 @@ def test_all_meta_out_call_is_shape_checked():
     moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 4, device="meta"))
     with pytest.raises(ValueError, match=r"out grad_x must be a contiguous float32 tensor of shape \[3, 4\]"):
         moe_routing.moe_init_routing_grad(g, idx, 2, out=torch.empty(3, 5, device="meta"))
+
+
+# ---- fakes refuse as the kernels do (an adversarial round, 2026-12-04) ----------------------------------
+
+def _parity_cases():
+    """(name, call(device)): each call differs from a valid one in one dtype, rank, attribute or input's presence,
+    which the kernel refused on the CPU while the fake (meta tensors; torch.compile's trace) accepted it or
+    refused it in other words."""
+    def z(device, *shape, dtype=torch.float32):
+        return torch.zeros(*shape, dtype=dtype, device=device)
+
+    def idx(device):
+        return torch.arange(8, dtype=torch.int32, device=device)
+
+    def experts(device):
+        return torch.tensor([[0, 1], [2, 3], [0, 1], [2, 3]], dtype=torch.int32, device=device)
+
+    return [
+        ("9-D grad", lambda d: moe_routing.moe_init_routing_grad(z(d, 1, 1, 1, 1, 1, 1, 1, 8, 8), idx(d), 2)),
+        ("NUL in numerics", lambda d: moe_routing.moe_init_routing_grad(z(d, 8, 8), idx(d), 2, numerics="atlas_a2\0")),
+        ("fp16 topk_weight", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d), expert_num=4,
+                                                                    topk_weight=z(d, 4, 2, dtype=torch.half))),
+        ("fp16 offset", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d), expert_num=4, quant_mode=0,
+                                                               scale=z(d, 1), offset=z(d, 1, dtype=torch.half))),
+        ("quant_mode 0 without scale", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d), expert_num=4,
+                                                                              quant_mode=0)),
+        ("quant_mode 0 with a [4] scale", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d),
+                                                                                 expert_num=4, quant_mode=0,
+                                                                                 scale=z(d, 4))),
+        ("quant_mode 1 with a 1-D scale", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d),
+                                                                                 expert_num=4, quant_mode=1,
+                                                                                 scale=z(d, 4))),
+        ("api v1 without x1", lambda d: moe_routing.moe_finalize_routing(z(d, 8, 8), idx(d), k=2, api="v1")),
+        ("zero range without expert_idx", lambda d: moe_routing.moe_finalize_routing(
+            z(d, 8, 8), idx(d), k=2, drop_pad_mode=2, zero_expert_range=[0, 1])),
+        ("copy range without x", lambda d: moe_routing.moe_finalize_routing(
+            z(d, 8, 8), idx(d), expert_idx=experts(d), drop_pad_mode=2, copy_expert_range=[0, 1])),
+        ("alpha without a constant range", lambda d: moe_routing.moe_finalize_routing(
+            z(d, 8, 8), idx(d), k=2, drop_pad_mode=2, alpha1=z(d, 1, 8), alpha2=z(d, 1, 8), v=z(d, 1, 8))),
+        ("int64 index of the combine grad", lambda d: moe_routing.moe_finalize_routing_grad(z(d, 4, 8), idx(d).long())),
+        ("fp16 grad_y, fp32 expanded_x and scales", lambda d: moe_routing.moe_finalize_routing_grad(
+            z(d, 4, 8, dtype=torch.half), idx(d), z(d, 8, 8), z(d, 4, 2))),
+        ("9-D grad_scales out= without scales", lambda d: moe_routing.moe_finalize_routing_grad(
+            z(d, 4, 8), idx(d), out=(z(d, 8, 8), z(d, 1, 1, 1, 1, 1, 1, 1, 1, 1)))),
+    ]
+
+
+@pytest.mark.parametrize("name, call", _parity_cases(), ids=[c[0] for c in _parity_cases()])
+def test_a_fake_refuses_as_the_kernel_does(name, call):
+    with pytest.raises(ValueError) as on_cpu:
+        call("cpu")
+    with pytest.raises(ValueError) as on_meta:
+        call("meta")
+    assert str(on_meta.value).replace(" on meta", " on cpu") == str(on_cpu.value)
