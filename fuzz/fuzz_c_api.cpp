@@ -922,7 +922,9 @@ void fuzz_finalize_grad(Input& in, Generator& gen) {
   d.phase_two = [](void* w, uint64_t ws, mrExecutor* e) {
     return mrMoeFinalizeRoutingV2Grad(w, ws, e, nullptr);
   };
-  d.needs_workspace = true;  // the pair lists
+  // The pair lists; none with no columns (nothing to sum: phase one reports 0). Phase one
+  // succeeds only with grad_y 2-D, whose last extent is then H.
+  d.needs_workspace = gy.shape.size() != 2 || gy.shape[1] > 0;
   d.foreign_phase_two = [](mrExecutor* e) {
     return mrMoeInitRoutingV2Grad(nullptr, 0, e, nullptr);
   };
