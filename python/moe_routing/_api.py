@@ -22,7 +22,7 @@ def _int64(value) -> bool:
     """value is an int (operator.index) that an int64 holds; a float, str, ... is not."""
     try:
         return INT64_MIN <= operator.index(value) <= INT64_MAX
-    except TypeError:
+    except (TypeError, RuntimeError):  # RuntimeError: a uint64 tensor above INT64_MAX has no int64 value
         return False
 
 
@@ -71,6 +71,8 @@ def _schema_error(op, args, kwargs) -> Optional[ValueError]:
                 if kind != "bool":
                     return not_an_int_error(function, argument.name, value)
                 return ValueError(f"{function}: {argument.name} must be a bool, got {value!r}")
+            except RuntimeError:  # a uint64 tensor above INT64_MAX (torch cannot give its value as an int)
+                return ValueError(f"{function}: {argument.name} must be an int within int64, got {value!r}")
             if kind != "bool" and not _int64(value):  # a bool takes any int: its truth
                 return ValueError(f"{function}: {argument.name} must be an int within int64, got {value!r}")
         if (kind in ("List[int]", "List[SymInt]") and isinstance(value, (list, tuple))
@@ -98,6 +100,31 @@ PUBLIC_OPERATORS = ("moe_init_routing", "moe_init_routing_v2", "moe_init_routing
 _INT_ARGUMENTS = {op: _int_argument_table(op)
                   for packet in (getattr(torch.ops.moe_routing, name) for name in PUBLIC_OPERATORS)
                   for op in (packet, *(getattr(packet, overload) for overload in packet.overloads()))}
+
+
+# Every operator's bool arguments, (position, name) of the positional ones and the names of all: PyTorch's schema
+# takes any value for a bool by its truth (expert_tokens_num_flag=0.5 as True, None as False); _refuse_non_int
+# refuses what is not a bool.
+_BOOL_ARGUMENTS = {op: (tuple((i, a.name) for i, a in enumerate(_schema(op).arguments)
+                              if not a.kwarg_only and str(a.type) == "bool"),
+                        frozenset(a.name for a in _schema(op).arguments if str(a.type) == "bool"))
+                   for op in _INT_ARGUMENTS}
+
+
+def _numpy_bool(value) -> bool:
+    """A NumPy bool scalar (np.bool_; np.bool in NumPy 2), known without importing NumPy."""
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")
+
+
+def _not_a_bool(value) -> bool:
+    """value, given for a bool argument, is not a bool: a Python, NumPy or symbolic bool passes, and so does an int
+    (its truth, as flags are often written) or a 0-dim bool or integer tensor; a float (0.5), None, a str, a
+    floating tensor do not."""
+    if isinstance(value, (bool, int, torch.SymBool)) or _numpy_bool(value):
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.dim() != 0 or value.is_floating_point() or value.is_complex()
+    return True
 
 
 # The dtypes of a tensor an int argument takes: a 0-dim one of these, as PyTorch's schema reads it (__index__).
@@ -196,6 +223,13 @@ def _refuse_non_int(op, args, kwargs):
     for name, value in kwargs.items():
         if name in names and _not_an_int(value, name):
             raise not_an_int_error(function, name, value)
+    positional, names = _BOOL_ARGUMENTS[op]
+    for i, name in positional:
+        if i < len(args) and _not_a_bool(args[i]):
+            raise ValueError(f"{function}: {name} must be a bool, got {args[i]!r}")
+    for name, value in kwargs.items():
+        if name in names and _not_a_bool(value):
+            raise ValueError(f"{function}: {name} must be a bool, got {value!r}")
 
 
 def _call(op, *args, **kwargs):
@@ -498,7 +532,7 @@ def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tens
         ValueError: invalid arguments; IndexError: an index or expert id out of range.
     """
     function = "moe_finalize_routing_grad"
-    if not isinstance(grad_bias, bool) and type(grad_bias).__name__ != "bool_":  # NumPy's bool
+    if not isinstance(grad_bias, bool) and not _numpy_bool(grad_bias):
         try:  # an int is taken for its truth, as the schema's bool takes it; a float or a str is refused
             operator.index(grad_bias)
         except TypeError:

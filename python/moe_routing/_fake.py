@@ -150,6 +150,7 @@ def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, ex
         raise ValueError(f"{op}: x must be float16, bfloat16 or float32, got {dtype_name(x.dtype)}")
     n, hidden = x.shape
     pairs = n * expert_idx.shape[1]
+    _check_slots_fit_int32(op, drop_pad_mode, expert_num, expert_capacity)
     if drop_pad_mode == 1:
         expanded_x = x.new_empty((expert_num, expert_capacity, hidden))
     else:
@@ -159,6 +160,14 @@ def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, ex
     counts = x.new_empty((expert_num,), dtype=torch.int32)
     before_capacity = x.new_empty((expert_num,), dtype=torch.int32)
     return expanded_x, expanded_row_idx, counts, before_capacity
+
+
+def _check_slots_fit_int32(op, drop_pad_mode, expert_num, expert_capacity):
+    """The core's check_slots_fit_int32 (src/ops/moe_init_routing/meta.cpp), attributes only."""
+    if drop_pad_mode == 1 and expert_num * expert_capacity > INT32_MAX:
+        raise ValueError(f"{op}: expert_num * expert_capacity must be at most 2147483647 (drop-pad slots e*C + c are "
+                         f"int32 expanded_row_idx values), got {expert_num} * {expert_capacity} = "
+                         f"{expert_num * expert_capacity}")
 
 
 def _check_v4_attrs(op, quant_mode, drop_pad_mode, expert_num, active_expert_range, expert_tokens_num_type,
@@ -253,6 +262,7 @@ def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=N
     pairs = n * expert_idx.shape[1]
     _check_v4_optional_inputs(op, scale, offset, topk_weight, quant_mode, n, hidden, expert_idx.shape[1],
                               end - start)
+    _check_slots_fit_int32(op, drop_pad_mode, expert_num, expert_capacity)
     out_dtype = torch.int8 if quantised else x.dtype
     if drop_pad_mode == 1:
         rows = expert_num * expert_capacity

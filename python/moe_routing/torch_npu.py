@@ -110,6 +110,11 @@ def npu_moe_init_routing_v2(x: torch.Tensor, expert_idx: torch.Tensor, *, scale:
     check_tensor(function, "expert_idx", expert_idx, (2,), (torch.int32,), " [N, K]")
     if isinstance(active_expert_range, int) and not isinstance(active_expert_range, bool):
         active_expert_range = [active_expert_range, active_expert_range]
+    elif (active_expert_range is not None and not isinstance(active_expert_range, (list, tuple))
+          and not (isinstance(active_expert_range, torch.Tensor) and active_expert_range.dim() == 1)):
+        # A NumPy or 0-d tensor scalar has no len(); anything but a list or tuple of two ints is refused.
+        raise ValueError(f"{function}: active_expert_range must be a list of two ints [start, end] (or [] for all "
+                         f"experts), got {active_expert_range!r}")
     empty = active_expert_range is None or len(active_expert_range) == 0
     expert_range = None if empty else list(active_expert_range)
     active_num = check_int(function, "active_num", active_num)
@@ -271,9 +276,23 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
     rows = permuted_tokens.shape[0]
     names = {"expanded_x": "permuted_tokens", "grad_expanded_x": "permuted_tokens",
              "expanded_row_idx": "sorted_indices", "scales": "probs"}
+    if rows > pairs:  # as moe_finalize_routing refuses it on the path with probs
+        raise ValueError(f"{function}: permuted_tokens.size(0) must be at most N*K ({pairs}) in dropless mode, got "
+                         f"{rows}")
     if probs is None and rows > 0:
         # One row per pair, copied: the single-addend sum of moe_init_routing_grad (a copy, -0 kept).
-        return renamed_errors(function, lambda: moe_init_routing_grad(permuted_tokens, index, 1, 0, rows,
+        # With every row present that is its dropless scenario, whose own check refuses an index out of
+        # [0, N*K). With rows cut, its active scenario skips every index >= rows; an index >= N*K is an
+        # error, which the eager check above (int32_index) reports but a compiled graph has not: there
+        # the missing rows are appended as zeros (what a skipped pair gives, +0) and the dropless
+        # scenario checks the range.
+        tokens, active = permuted_tokens, rows
+        if rows == pairs:
+            active = 0
+        elif is_compiling():
+            tokens = torch.cat([permuted_tokens, permuted_tokens.new_zeros((pairs - rows, permuted_tokens.shape[1]))])
+            active = 0
+        return renamed_errors(function, lambda: moe_init_routing_grad(tokens, index, 1, 0, active,
                                                                       numerics=numerics), names)
     skip_zero = numerics == "atlas_a2"
     return renamed_errors(function, lambda: weighted_combine(

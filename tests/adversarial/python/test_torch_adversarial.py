@@ -300,6 +300,10 @@ def _parity_cases():
             z(d, 4, 8, dtype=torch.half), idx(d), z(d, 8, 8), z(d, 4, 2))),
         ("9-D grad_scales out= without scales", lambda d: moe_routing.moe_finalize_routing_grad(
             z(d, 4, 8), idx(d), out=(z(d, 8, 8), z(d, 1, 1, 1, 1, 1, 1, 1, 1, 1)))),
+        ("drop-pad slots beyond int32", lambda d: moe_routing.moe_init_routing_v2(
+            z(d, 4, 0), z(d, 4, 1, dtype=torch.int32), 0, 4, 2**30, 1)),
+        ("drop-pad slots beyond int32, the torch API", lambda d: moe_routing.moe_init_routing(
+            z(d, 4, 0), z(d, 4, 1, dtype=torch.int32), expert_capacity=4, expert_num=2**30, drop_pad_mode=1)),
     ]
 
 
@@ -310,3 +314,67 @@ def test_a_fake_refuses_as_the_kernel_does(name, call):
     with pytest.raises(ValueError) as on_meta:
         call("meta")
     assert str(on_meta.value).replace(" on meta", " on cpu") == str(on_cpu.value)
+
+
+# ---- the dispatch and its ports (an adversarial round, 2026-12-04) ------------------------------------
+
+def test_unpermute_without_probs_checks_its_indices_when_compiled():
+    # Compiled, an index in [N*K, 2^31) was taken for a cut row and gave a zero row: the port passes the rows
+    # as the grad's active_num, and the eager index check is not in the graph.
+    import moe_routing.torch_npu as tn
+    torch._dynamo.reset()
+    compiled = torch.compile(tn.npu_moe_token_unpermute, fullgraph=True)
+    for rows in (6, 5):  # every row present; one cut
+        tokens = torch.randn(rows, 2)
+        good = torch.tensor([0, 1, 2, 3, 4, 5 if rows == 6 else -1])
+        assert torch.equal(compiled(tokens, good), tn.npu_moe_token_unpermute(tokens, good))
+        bad = torch.tensor([0, 1, 2, 3, 4, 100])
+        with pytest.raises(IndexError, match="100"):
+            tn.npu_moe_token_unpermute(tokens, bad)
+        with pytest.raises(IndexError, match="100"):
+            compiled(tokens, bad)
+
+
+def test_unpermute_refuses_more_rows_than_pairs():
+    import moe_routing.torch_npu as tn
+    with pytest.raises(ValueError, match=r"npu_moe_token_unpermute: permuted_tokens.size\(0\) must be at most N\*K "
+                                         r"\(6\) in dropless mode, got 8"):
+        tn.npu_moe_token_unpermute(torch.randn(8, 4), torch.arange(6))
+
+
+def test_an_unsigned_tensor_above_int64_for_an_int_argument():
+    x, ids = torch.randn(4, 8), torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]], dtype=torch.int32)
+    big = torch.tensor(2**63, dtype=torch.uint64)
+    with pytest.raises(ValueError, match="moe_init_routing: expert_num must be an int within int64"):
+        moe_routing.moe_init_routing(x, ids, expert_num=big)
+    with pytest.raises(ValueError, match="moe_init_routing_v2: active_num must be an int within int64"):
+        moe_routing.moe_init_routing_v2(x, ids, active_num=big, expert_num=3)
+
+
+@pytest.mark.parametrize("bad", [0.5, 2.0, float("nan"), None, torch.tensor(0.5), "yes"])
+def test_a_bool_argument_takes_a_bool(bad):
+    # PyTorch's schema took any value by its truth (0.5 and nan as True, None as False).
+    x, ids = torch.randn(4, 8), torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="moe_init_routing: expert_tokens_num_flag must be a bool, got"):
+        moe_routing.moe_init_routing(x, ids, expert_num=3, expert_tokens_num_flag=bad)
+    with pytest.raises(ValueError, match="moe_init_routing_v2: expert_tokens_before_capacity_flag must be a bool"):
+        moe_routing.moe_init_routing_v2(x, ids, 0, 0, 3, 0, 0, bad)
+
+
+def test_a_bool_argument_takes_python_numpy_and_int_truths():
+    import numpy as np
+    x, ids = torch.randn(4, 8), torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]], dtype=torch.int32)
+    expected = moe_routing.moe_init_routing(x, ids, expert_num=3, expert_tokens_num_flag=True)[2]
+    for same in (1, np.True_, torch.tensor(True)):
+        assert torch.equal(moe_routing.moe_init_routing(x, ids, expert_num=3, expert_tokens_num_flag=same)[2],
+                           expected)
+
+
+@pytest.mark.parametrize("bad", ["np.int64(1)", "torch.tensor(1)", "{0, 3}"])
+def test_npu_init_routing_v2_active_expert_range_of_a_scalar_or_unordered_type(bad):
+    # A NumPy or 0-d tensor scalar had no len() (a TypeError from inside the port).
+    import numpy as np  # noqa: F401  (used by the eval)
+    import moe_routing.torch_npu as tn
+    x, ids = torch.randn(4, 8), torch.tensor([[0, 1], [2, 0], [1, 2], [0, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="npu_moe_init_routing_v2: active_expert_range must be a list of two ints"):
+        tn.npu_moe_init_routing_v2(x, ids, expert_num=3, active_expert_range=eval(bad))
