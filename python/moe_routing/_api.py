@@ -532,11 +532,8 @@ def moe_finalize_routing_grad(grad_y: torch.Tensor, expanded_row_idx: torch.Tens
         ValueError: invalid arguments; IndexError: an index or expert id out of range.
     """
     function = "moe_finalize_routing_grad"
-    if not isinstance(grad_bias, bool) and not _numpy_bool(grad_bias):
-        try:  # an int is taken for its truth, as the schema's bool takes it; a float or a str is refused
-            operator.index(grad_bias)
-        except TypeError:
-            raise ValueError(f"{function}: grad_bias must be a bool, got {grad_bias!r}") from None
+    if _not_a_bool(grad_bias):  # as _refuse_non_int checks the operators' own bool arguments
+        raise ValueError(f"{function}: grad_bias must be a bool, got {grad_bias!r}")
     args = (grad_y, expanded_row_idx, expanded_x, scales, expert_idx, bias, drop_pad_mode, active_num, expert_num,
             expert_capacity)
     if out is not None:

@@ -374,9 +374,10 @@ Status InputFile::read(void* out, size_t count, size_t* got) {
 
 Status check_writable(const std::string& path, const std::string& label) {
   struct stat info;
-  if (::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) return write_error(label, EISDIR);
-  if (::stat(path.c_str(), &info) == 0 && ::access(path.c_str(), W_OK) != 0)
-    return write_error(label, errno);
+  if (::stat(path.c_str(), &info) == 0) {  // an existing output: not a directory, and writable
+    if (S_ISDIR(info.st_mode)) return write_error(label, EISDIR);
+    if (::access(path.c_str(), W_OK) != 0) return write_error(label, errno);
+  }
   if (::access(directory_of(path).c_str(), W_OK | X_OK) != 0) return write_error(label, errno);
   return Status::ok();
 }
