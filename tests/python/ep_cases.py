@@ -277,6 +277,15 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     # others waiting in it (found by an adversarial review).
     out["replicate_rows_requires_grad"] = _expect_error(
         lambda: ep.replicate_rows(x.clone().requires_grad_(rank == 0)))
+    # local_rows' backward all-gathers the gradient of its output: a rank whose computation after
+    # replicate_rows ran in another dtype (same byte width: reinterpreted, a wrong gradient) or
+    # width (gloo aborted the process) must raise the same error as its peers.
+    all_rows, layout = ep.replicate_rows(x.clone().requires_grad_(True))
+    mine = ep.local_rows(all_rows.to(torch.bfloat16) if rank == last else all_rows.half(), layout)
+    out["local_rows_backward_dtype"] = _expect_error(lambda: mine.float().sum().backward())
+    all_rows, layout = ep.replicate_rows(x.clone().requires_grad_(True))
+    mine = ep.local_rows(all_rows[:, :4] if rank == last else all_rows, layout)
+    out["local_rows_backward_width"] = _expect_error(lambda: mine.sum().backward())
     out["replicate_rows_operation"] = _expect_error(
         lambda: ep.replicate_rows(x) if rank == 0 else ep.dispatch(x, idx, e))
     # all_to_all: rank 1 expecting one row more from rank 0 than rank 0 sends it (gloo left it

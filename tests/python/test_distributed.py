@@ -140,6 +140,10 @@ MISMATCHES = {
                                 "got True (rank 0), False (rank",
     "replicate_rows_requires_grad": "replicate_rows: rows.requires_grad (with grad mode) must be the same on every "
                                     "rank, got True (rank 0), False (rank",
+    "local_rows_backward_dtype": "local_rows: the dtype of grad_output must be the same on every rank, got "
+                                 "float16 (rank",
+    "local_rows_backward_width": "local_rows: grad_output.size(1) must be the same on every rank, got 8 "
+                                 "(rank",
     "replicate_rows_device": "replicate_rows: the device type of rows must be the same on every rank, got cpu (rank",
     "all_to_all_device": "all_to_all: the device type of rows must be the same on every rank, got cpu (rank",
     "dispatch_device": "dispatch: the device type of x must be the same on every rank, got cpu (rank",

@@ -62,7 +62,7 @@ _DTYPE_NAMES = {0: "none", -1: "other", **{code: dtype_name(dtype) for dtype, co
 _NUMERICS_CODES = {"atlas_a2": 1, "ascend_950": 2}
 _INT32_MAX = 2**31 - 1
 _INT64_MAX = 2**63 - 1
-_OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4}
+_OP_CODES = {"dispatch": 1, "combine": 2, "replicate_rows": 3, "all_to_all": 4, "local_rows": 5}
 # Every dtype, numbered the same way in every process (of one PyTorch version): replicate_rows' rows.
 _ALL_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
 _ROW_SIZES = 8  # replicate_rows: the sizes after the first compared one by one (beyond: their product)
@@ -110,17 +110,26 @@ _AGREED_FIELDS = {
 # their gradient is grad_y itself, on their own rank.
 # replicate_rows and all_to_all: the rows' dimensions, sizes after the first and dtype (rows of
 # different byte widths on two ranks make gloo abort the process).
-_AGREED_FIELDS["replicate_rows"] = (
-    [(6, "rows.dim()", str)]
-    + [(7 + i, f"rows.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
-    + [(7 + _ROW_SIZES, "the number of elements of a row", str),
-       (8 + _ROW_SIZES, "the dtype of rows", lambda v: dtype_name(_ALL_DTYPES[v])),
-       (_F_DEVICE, "the device type of rows", _device_name)])
+# local_rows' backward: the same fields of the gradient it all-gathers (a rank whose replicated
+# computation ran in another dtype or shape once sent rows of another byte width, or of the same
+# width reinterpreted: a wrong gradient).
 _F_ROWS_REQUIRE_GRAD = 9 + _ROW_SIZES
 assert _F_ROWS_REQUIRE_GRAD < _F_DEVICE < _HEADER_WORDS
-_AGREED_FIELDS["replicate_rows"] += [
-    (_F_ROWS_REQUIRE_GRAD, "rows.requires_grad (with grad mode)", lambda v: str(bool(v)))]
-_AGREED_FIELDS["all_to_all"] = list(_AGREED_FIELDS["replicate_rows"])
+
+
+def _row_agreement(rows: str) -> list:
+    """The agreed fields of row_fields, naming the rows `rows` in the disagreement message."""
+    return ([(6, f"{rows}.dim()", str)]
+            + [(7 + i, f"{rows}.size({i + 1})", lambda v: "none" if v < 0 else str(v)) for i in range(_ROW_SIZES)]
+            + [(7 + _ROW_SIZES, "the number of elements of a row", str),
+               (8 + _ROW_SIZES, f"the dtype of {rows}", lambda v: dtype_name(_ALL_DTYPES[v])),
+               (_F_DEVICE, f"the device type of {rows}", _device_name),
+               (_F_ROWS_REQUIRE_GRAD, f"{rows}.requires_grad (with grad mode)", lambda v: str(bool(v)))])
+
+
+_AGREED_FIELDS["replicate_rows"] = _row_agreement("rows")
+_AGREED_FIELDS["all_to_all"] = _row_agreement("rows")
+_AGREED_FIELDS["local_rows"] = _row_agreement("grad_output")
 
 # Dispatches so far per group name, on this process: every rank of a group makes the same calls in
 # the same order, so a handle's number is the same on every rank exactly when they all pass the

@@ -53,8 +53,15 @@ class _Local(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         # Each rank has the gradient of its own rows: all-gathered, every rank holds the gradient
-        # of the replicated tensor, as a single process would (differentiable, as above).
-        return _Replicate.apply(grad, ctx.layout, "gradient rows all-gather"), None
+        # of the replicated tensor, as a single process would (differentiable, as above). The ranks
+        # agree on its sizes, dtype and device type first, as replicate_rows' ranks on its rows: a
+        # rank whose computation after replicate_rows took another dtype or width would send rows
+        # of another byte width (gloo aborts the process) or of the same width reinterpreted.
+        layout = ctx.layout
+        fields, error = row_fields("local_rows", grad)
+        _exchange("local_rows", layout.comm.renamed("local_rows"), fields, error,
+                  grad.shape[0] if error is None else 0, None)
+        return _Replicate.apply(grad, layout, "gradient rows all-gather"), None
 
 
 def replicate_rows(rows: torch.Tensor, *, group=None):
