@@ -13,6 +13,7 @@ import re
 from typing import Dict, Optional
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ._api import (INT32_MAX, INT64_MAX, INT64_MIN, _call, _not_an_int, dtype_name, func_transform_error,
                    moe_finalize_routing, moe_init_routing_v2, non_dense_kind, not_an_int_error)
@@ -26,6 +27,17 @@ def is_compiling() -> bool:
     """True while torch.compile traces: data checks (which read tensor values on the host) are left
     out of the graph then, and the operators' own checks remain."""
     return torch.compiler.is_compiling()
+
+
+def reads_values(*tensors) -> bool:
+    """Whether the ports' data checks run, which read index values on the host: not while
+    torch.compile traces, and not on tensors that hold no values (meta tensors, FakeTensorMode's
+    fakes), where the call computes only shapes, as the operators' fake functions do. Those paths
+    give what a compiled graph gives (an invalid index is refused by the operator that reads it,
+    never read as a wrong row)."""
+    if is_compiling():
+        return False
+    return not any(isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t)) for t in tensors)
 
 
 def renamed_errors(function: str, call, names: Optional[Dict[str, str]] = None):
@@ -123,7 +135,7 @@ def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: i
     outside is an IndexError naming its position; under torch.compile (no data checks) an int64
     value outside the int32 range becomes INT32_MIN instead of wrapping, so the operator that reads
     it rejects it rather than reading a wrong row."""
-    checked = not is_compiling()
+    checked = reads_values(index)
     if checked:
         # A bound outside the index's dtype (num_expert = 2**31 for int32 ids) would wrap in the
         # comparison and flag valid values: compare in int64 then.

@@ -34,7 +34,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 
 from ._api import moe_init_routing_v2
-from ._port import (FLOAT_DTYPES, INT32_MAX, check_device, check_int, check_tensor, first_true, is_compiling,
+from ._port import (FLOAT_DTYPES, INT32_MAX, check_device, check_int, check_tensor, first_true, reads_values,
                     renamed_errors, sorted_rows, weighted_combine)
 
 __all__ = ["permute", "unpermute"]
@@ -159,7 +159,7 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         if (count % n != 0) if n > 0 else (count != 0):
             raise ValueError(f"{function}: return_batch_invariant_inverse_map needs num_out_tokens a multiple of "
                              f"num_tokens {n} (a fixed top-k), got {count}")
-        if n > 0 and not is_compiling():
+        if n > 0 and reads_values(routing_map):
             # Every token must route exactly top-k experts, or its slots would spill into the next
             # token's (or take unrouted pairs) and the map would be silently wrong.
             routed = (routing_map != 0).sum(1)
@@ -236,7 +236,7 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
                          f"(permute's maximum), got {rows}")
     # The pair -> row permutation of permute's sort (the sort alone, on a zero-width x).
     _, row_idx, _, _ = moe_init_routing_v2(permuted_tokens.new_empty((n, 0)), keys)
-    if not is_compiling():
+    if reads_values(sorted_indices):
         expected = _sorted_pairs(row_idx, rows) // e
         bad = first_true(sorted_indices != expected)
         if bad is not None:

@@ -27,7 +27,7 @@ import torch
 from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_tensor, first_true, int32_index,
-                    is_compiling, position, refuse_non_ints, renamed_errors, sorted_rows, weighted_combine)
+                    position, reads_values, refuse_non_ints, renamed_errors, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_compute_expert_tokens"]
@@ -67,7 +67,7 @@ def npu_moe_init_routing(x: torch.Tensor, row_idx: torch.Tensor, expert_idx: tor
         raise ValueError(f"{function}: expert_idx must have x's {x.shape[0]} rows, got {expert_idx.shape[0]}")
     active_num = check_int(function, "active_num", active_num, minimum=0)
     n, k = expert_idx.shape
-    if not is_compiling():
+    if reads_values(row_idx):
         canonical = torch.arange(n * k, dtype=torch.int32, device=row_idx.device).view(k, n).t()
         bad = first_true(row_idx != canonical)
         if bad is not None:
@@ -183,7 +183,7 @@ def _permute_keys(function: str, indices: torch.Tensor) -> torch.Tensor:
     info = torch.iinfo(indices.dtype)
     low, high = indices == info.min, indices == info.max
     valid = ((indices >= 0) & (indices < _EXACT_KEYS)) | low | high
-    if not is_compiling():
+    if reads_values(indices):
         bad = first_true(~valid)
         if bad is not None:
             raise IndexError(f"{function}: indices{position(indices.shape, bad)} must be in [0, {_EXACT_KEYS}) "
@@ -289,7 +289,7 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
         tokens, active = permuted_tokens, rows
         if rows == pairs:
             active = 0
-        elif is_compiling():
+        elif not reads_values(sorted_indices):
             tokens = torch.cat([permuted_tokens, permuted_tokens.new_zeros((pairs - rows, permuted_tokens.shape[1]))])
             active = 0
         return renamed_errors(function, lambda: moe_init_routing_grad(tokens, index, 1, 0, active,

@@ -1,0 +1,82 @@
+"""The torch_npu and Megatron ports on tensors that hold no values: meta tensors (shape inference,
+deferred initialisation) and FakeTensorMode's fakes. Their data checks read index values on the
+host, which such tensors do not have (`.item()` failed on every port that checks its indices); the
+operators' fake functions give the shapes. Each port's outputs must have the shapes and dtypes of
+the same call on CPU tensors."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import moe_routing.torch_npu as torch_npu
+from moe_routing.megatron import permute, unpermute
+
+N, K, H, E = 4, 2, 8, 4
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(N, H, generator=g)
+    expert_idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)]).to(torch.int32)
+    probs = torch.rand(N, K, generator=g)
+    routing_map = torch.zeros(N, E, dtype=torch.bool).scatter_(1, expert_idx.long(), True)
+    map_probs = torch.zeros(N, E).masked_scatter_(routing_map, probs)
+    _, row_idx = torch_npu.npu_moe_token_permute(x, expert_idx)
+    permuted, _, sorted_indices, _, _ = permute(x, routing_map, map_probs, N * K)
+    column_row_idx = torch.arange(N * K, dtype=torch.int32).view(K, N).t().contiguous()
+    return dict(x=x, expert_idx=expert_idx, probs=probs, routing_map=routing_map, map_probs=map_probs,
+                row_idx=row_idx, permuted=permuted, sorted_indices=sorted_indices, column_row_idx=column_row_idx,
+                rows=torch.randn(N * K, H, generator=g), sorted_ids=torch.sort(expert_idx.view(-1)).values)
+
+
+CALLS = {
+    "npu_moe_init_routing": lambda t: torch_npu.npu_moe_init_routing(t["x"], t["column_row_idx"], t["expert_idx"], N),
+    "npu_moe_init_routing_v2": lambda t: torch_npu.npu_moe_init_routing_v2(
+        t["x"], t["expert_idx"], active_num=N * K, expert_num=E, expert_tokens_num_type=1,
+        expert_tokens_num_flag=True),
+    "npu_moe_finalize_routing": lambda t: torch_npu.npu_moe_finalize_routing(
+        t["rows"], None, None, None, t["probs"], t["row_idx"], t["expert_idx"]),
+    "npu_moe_token_permute": lambda t: torch_npu.npu_moe_token_permute(t["x"], t["expert_idx"]),
+    "npu_moe_token_permute_cut": lambda t: torch_npu.npu_moe_token_permute(t["x"], t["expert_idx"], N * K - 3),
+    "npu_moe_token_unpermute": lambda t: torch_npu.npu_moe_token_unpermute(t["rows"], t["row_idx"], t["probs"]),
+    "npu_moe_token_unpermute_no_probs": lambda t: torch_npu.npu_moe_token_unpermute(t["rows"], t["row_idx"]),
+    # Rows cut: the eager path with values skips the cut pairs' indices; without values, as compiled.
+    "npu_moe_token_unpermute_no_probs_cut": lambda t: torch_npu.npu_moe_token_unpermute(t["rows"][:5], t["row_idx"]),
+    "npu_moe_compute_expert_tokens": lambda t: torch_npu.npu_moe_compute_expert_tokens(t["sorted_ids"], E),
+    "megatron.permute": lambda t: permute(t["x"], t["routing_map"], t["map_probs"], N * K),
+    "megatron.permute_batch_invariant": lambda t: permute(t["x"], t["routing_map"], None, N * K,
+                                                          return_batch_invariant_inverse_map=True),
+    "megatron.unpermute": lambda t: unpermute(t["permuted"], t["sorted_indices"], (N, H), t["map_probs"],
+                                              t["routing_map"]),
+}
+
+
+def _described(outputs):
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    return [None if o is None else (tuple(o.shape), o.dtype) for o in outputs]
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_a_port_on_meta_tensors_gives_the_shapes_of_the_cpu_call(name):
+    inputs = _inputs()
+    expected = _described(CALLS[name](inputs))
+    got = CALLS[name]({key: value.to("meta") for key, value in inputs.items()})
+    assert _described(got) == expected
+    assert all(o is None or o.is_meta for o in (got if isinstance(got, (tuple, list)) else (got,)))
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_a_port_under_fake_tensor_mode_gives_the_shapes_of_the_cpu_call(name):
+    inputs = _inputs()
+    expected = _described(CALLS[name](inputs))
+    with FakeTensorMode() as mode:
+        got = CALLS[name]({key: mode.from_tensor(value) for key, value in inputs.items()})
+    assert _described(got) == expected
+
+
+def test_values_are_still_checked_on_real_tensors():
+    # The data checks still run where there are values: an index out of range is named.
+    inputs = _inputs()
+    bad = inputs["row_idx"].clone()
+    bad[3] = N * K
+    with pytest.raises(IndexError, match=r"npu_moe_token_unpermute: sorted_indices\[3\] must be in \[-1, 8\)"):
+        torch_npu.npu_moe_token_unpermute(inputs["rows"], bad, inputs["probs"])
