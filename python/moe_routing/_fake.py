@@ -213,26 +213,29 @@ def _check_v4_attrs(op, quant_mode, drop_pad_mode, expert_num, active_expert_ran
 
 def _check_v4_optional_inputs(op, scale, offset, topk_weight, quant_mode, n, hidden, k, experts):
     """The core's rules for scale, offset and topk_weight (src/ops/moe_init_routing/meta.cpp): which must be given
-    and which not, their ranks and dtypes, in its order and words; their extents are the kernel's (the sizes may
-    be symbolic here)."""
+    and which not, their shapes and dtypes, in its order and words. An extent compared with a symbolic size
+    becomes a guard of the trace: the kernel requires the equality anyway."""
     def float32(t, dims):
         return t.dim() == dims and t.dtype == torch.float32
-    if quant_mode == -1 and scale is not None and not float32(scale, 1):
+
+    def shaped(t, shape):
+        return float32(t, len(shape)) and all(a == b for a, b in zip(t.shape, shape))
+    if quant_mode == -1 and scale is not None and not shaped(scale, (n,)):
         raise ValueError(f"{op}: scale must be 1-D float32 [N] = [{n}] (a per-token scale) when quant_mode=-1, got "
                          f"{_describe(scale)}")
     if quant_mode == 0 and scale is None:
         raise ValueError(f"{op}: scale must be given (1-D float32 [1]) when quant_mode=0, got none")
-    if quant_mode == 0 and not (float32(scale, 1) and scale.shape[0] == 1):  # [1]: a constant extent
+    if quant_mode == 0 and not shaped(scale, (1,)):
         raise ValueError(f"{op}: scale must be 1-D float32 [1] when quant_mode=0, got {_describe(scale)}")
-    if quant_mode == 1 and scale is not None and not float32(scale, 2):
+    if quant_mode == 1 and scale is not None and not (shaped(scale, (experts, hidden)) or shaped(scale, (1, hidden))):
         raise ValueError(f"{op}: scale must be 2-D float32 [end - start, H] = [{experts}, {hidden}] or [1, {hidden}] "
                          f"(a smooth scale) when quant_mode=1, got {_describe(scale)}")
     if offset is not None and quant_mode != 0:
         raise ValueError(f"{op}: offset must be none unless quant_mode=0 (it is only used by static quantisation), "
                          f"got {_describe(offset)} with quant_mode={quant_mode}")
-    if offset is not None and not (float32(offset, 1) and offset.shape[0] == 1):
+    if offset is not None and not shaped(offset, (1,)):
         raise ValueError(f"{op}: offset must be 1-D float32 [1] when quant_mode=0, got {_describe(offset)}")
-    if topk_weight is not None and not float32(topk_weight, 2):
+    if topk_weight is not None and not shaped(topk_weight, (n, k)):
         raise ValueError(f"{op}: topk_weight must be 2-D float32 [N, K] = [{n}, {k}], got {_describe(topk_weight)}")
 
 

@@ -288,6 +288,18 @@ def _parity_cases():
         ("quant_mode 1 with a 1-D scale", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d),
                                                                                  expert_num=4, quant_mode=1,
                                                                                  scale=z(d, 4))),
+        # Extents: the fake let them through to the kernel (a trace built a graph that failed at its first run).
+        ("quant_mode -1 with a [1] scale", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d),
+                                                                                  expert_num=4, scale=z(d, 1))),
+        ("quant_mode -1 with a [1] scale and an offset", lambda d: moe_routing.moe_init_routing(
+            z(d, 4, 8), experts(d), expert_num=4, scale=z(d, 1), offset=z(d, 1))),
+        ("quant_mode 1 with a [2, 8] scale", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d),
+                                                                                    expert_num=4, quant_mode=1,
+                                                                                    scale=z(d, 2, 8))),
+        ("a [4, 3] topk_weight", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d), expert_num=4,
+                                                                       topk_weight=z(d, 4, 3))),
+        ("a [2] offset", lambda d: moe_routing.moe_init_routing(z(d, 4, 8), experts(d), expert_num=4, quant_mode=0,
+                                                                scale=z(d, 1), offset=z(d, 2))),
         ("api v1 without x1", lambda d: moe_routing.moe_finalize_routing(z(d, 8, 8), idx(d), k=2, api="v1")),
         ("zero range without expert_idx", lambda d: moe_routing.moe_finalize_routing(
             z(d, 8, 8), idx(d), k=2, drop_pad_mode=2, zero_expert_range=[0, 1])),
