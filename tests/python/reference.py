@@ -253,10 +253,11 @@ def v4_reference(x, expert_idx, scale=None, offset=None, topk_weight=None, activ
         eri = torch.full((pairs,), -1, dtype=torch.int32)
         eri[order] = torch.arange(avail, dtype=torch.int32)
     else:
-        above = torch.nonzero(keys >= end).flatten()
-        above = above[torch.argsort(keys[above], stable=True)]
-        below = torch.nonzero(keys < start).flatten()
-        eri = torch.cat([order, above, below]).to(torch.int32)
+        # The tail: the pairs not routed, as CANN's golden orders them: ids < start taken as INT32_MAX, then
+        # by (id, p), so an id equal to INT32_MAX ties with them and takes its place among them by p.
+        tail = torch.nonzero((keys >= end) | (keys < start)).flatten()
+        tail_keys = torch.where(keys[tail] < start, 2**31 - 1, keys[tail])
+        eri = torch.cat([order, tail[torch.argsort(tail_keys, stable=True)]]).to(torch.int32)
     src = order[:r]
     expanded_x = torch.zeros(pairs, h, dtype=out_dtype)
     expanded_scale = torch.zeros(pairs)

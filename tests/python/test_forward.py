@@ -59,6 +59,26 @@ def test_spec_f3_range_row_idx_types_and_counts():
     assert kv.tolist() == [[1, 2], [2, 2], [0, 0], [0, 0]]
 
 
+def test_scatter_tail_ties_int32_max_with_the_ids_below_the_range():
+    # docs/moe_init_routing.md, row_idx_type: the tail holds ids >= end by (id, p), then ids < start by p, and an
+    # id equal to INT32_MAX takes its place among the latter by p (CANN's golden maps ids < start to INT32_MAX).
+    x = torch.tensor([[1.0], [2.0], [3.0]])
+    idx = torch.tensor([[0, 1], [2, 2**31 - 1], [1, 0]], dtype=torch.int32)
+    kw = dict(expert_num=3, active_expert_range=[1, 2], row_idx_type=1)
+    _, eri, _, _, _ = moe_routing.moe_init_routing(x, idx, **kw)
+    assert eri.tolist()[2:] == [2, 0, 3, 5]
+    assert_outputs_equal(v4_reference(x, idx, **kw), moe_routing.moe_init_routing(x, idx, **kw), V4_NAMES, "example")
+    gen = torch.Generator().manual_seed(5)
+    for n, k in [(7, 3), (40, 4)]:
+        pool = torch.tensor([0, 1, 2, 3, 4, 5, 2**31 - 2, 2**31 - 1], dtype=torch.int32)
+        idx = pool[torch.randint(0, pool.numel(), (n, k), generator=gen)]
+        x = torch.randn(n, 5, generator=gen)
+        for start, end in [(2, 4), (0, 6), (5, 6)]:
+            kw = dict(expert_num=6, active_expert_range=[start, end], row_idx_type=1, expert_tokens_num_flag=True)
+            assert_outputs_equal(v4_reference(x, idx, **kw), moe_routing.moe_init_routing(x, idx, **kw), V4_NAMES,
+                                 f"n={n} k={k} range=[{start}, {end})")
+
+
 def test_spec_q1_dynamic_int8():
     x = torch.tensor([[127.0, 2.5, -2.5, 0.5, -126.4]])
     idx = torch.zeros(1, 1, dtype=torch.int32)
