@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
 namespace moe_routing::detail {
 
@@ -22,6 +23,25 @@ Status check_element_count(const char* op, const char* name, const TensorView& t
     return invalid_argument(op, name, " has too many elements (more than 2^63 - 1 bytes), got ",
                             shape_string(t));
   return Status::ok();
+}
+
+Status check_output_bytes(const char* op, const char* name, DType dtype,
+                          std::initializer_list<int64_t> shape) {
+  unsigned __int128 bytes = dtype_size(dtype);
+  bool fits = true;
+  for (int64_t extent : shape) {
+    if (extent == 0) return Status::ok();  // empty: no bytes, whatever the other extents
+    bytes *= static_cast<unsigned __int128>(extent);
+    if (bytes > static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max())) {
+      fits = false;
+      bytes = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max()) + 1;
+    }
+  }
+  if (fits) return Status::ok();
+  std::string extents;
+  for (int64_t extent : shape) extents += (extents.empty() ? "" : ", ") + std::to_string(extent);
+  return invalid_argument(op, name, " would have more than 2^63 - 1 bytes, got ", shape.size(),
+                          "-D ", dtype_name(dtype), " [", extents, "]");
 }
 
 namespace {

@@ -24,6 +24,14 @@ Status check_dims_non_negative(const char* op, const char* name, const TensorVie
 /// count or byte size does not fit int64.
 Status check_element_count(const char* op, const char* name, const TensorView& t);
 
+/// "<op><name> would have more than 2^63 - 1 bytes, got <n>-D <dtype> [..]" unless an output
+/// of `dtype` and `shape` (extents >= 0) has a size in bytes that fits int64. Shape inference
+/// checks every output it plans whose extents it computes, so that no front end is handed a shape
+/// no tensor can have (mrCreateTensor, TensorView::nbytes and PyTorch's allocator all need the
+/// bytes to fit); an empty shape always fits.
+Status check_output_bytes(const char* op, const char* name, DType dtype,
+                          std::initializer_list<int64_t> shape);
+
 // ---- the call --------------------------------------------------------------------------------
 
 /// An input tensor of a call. An absent optional input is the default view (data null, ndim 0).

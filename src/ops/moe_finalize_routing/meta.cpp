@@ -289,8 +289,7 @@ Status infer_moe_finalize_routing(const MoeFinalizeRoutingInputs& in,
   p.copy_expert_range = attrs.copy_expert_range;
   p.constant_expert_range = attrs.constant_expert_range;
 
-  if (H > 0 && N > std::numeric_limits<int64_t>::max() / H / int64_t(dtype_size(ex.dtype)))
-    return invalid_argument(kOp, "out would have more than 2^63 - 1 bytes, got [", N, ", ", H, "]");
+  MOE_ROUTING_RETURN_IF_ERROR(detail::check_output_bytes(kOp, "out", ex.dtype, {N, H}));
   p.out.produced = true;
   p.out.dtype = ex.dtype;
   p.out.ndim = 2;

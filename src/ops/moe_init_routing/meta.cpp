@@ -15,6 +15,7 @@
 namespace moe_routing {
 namespace {
 
+using detail::check_output_bytes;
 using detail::CountFormat;
 using detail::is_absent;
 using detail::RoutingProblem;
@@ -92,13 +93,6 @@ Status check_slots_fit_int32(const char* op, int64_t experts, int64_t capacity) 
                           "expert_num * expert_capacity must be at most 2147483647 (drop-pad "
                           "slots e*C + c are int32 expanded_row_idx values), got ",
                           experts, " * ", capacity, " = ", decimal(slots));
-}
-
-Status check_rows_fit(const char* op, const char* name, int64_t rows, int64_t hidden) {
-  if (checked_mul(rows, hidden) < 0)
-    return invalid_argument(op, name, " would have more than 2^63 elements, got [", rows, ", ",
-                            hidden, "]");
-  return Status::ok();
 }
 
 std::string describe_optional(const TensorView& t) {
@@ -183,15 +177,12 @@ Status infer_moe_init_routing_v2(const TensorView& x, const TensorView& expert_i
     const int64_t E = attrs.expert_num, C = attrs.expert_capacity;
     MOE_ROUTING_RETURN_IF_ERROR(check_slots_fit_int32(op, E, C));
     result.expert_capacity = C;
-    const int64_t slots = checked_mul(E, C);
-    if (slots < 0 || checked_mul(slots, H) < 0)
-      return invalid_argument(op, "expanded_x would have more than 2^63 elements, got [", E, ", ",
-                              C, ", ", H, "]");
-    result.expanded_rows = slots;
+    MOE_ROUTING_RETURN_IF_ERROR(check_output_bytes(op, "expanded_x", x.dtype, {E, C, H}));
+    result.expanded_rows = E * C;
     result.expanded_x = make_spec(true, x.dtype, {E, C, H});
   } else {
     const int64_t rows = attrs.active_num == 0 ? pairs : std::min(attrs.active_num, pairs);
-    MOE_ROUTING_RETURN_IF_ERROR(check_rows_fit(op, "expanded_x", rows, H));
+    MOE_ROUTING_RETURN_IF_ERROR(check_output_bytes(op, "expanded_x", x.dtype, {rows, H}));
     result.expanded_rows = rows;
     result.expanded_x = make_spec(true, x.dtype, {rows, H});
   }
@@ -373,13 +364,11 @@ Status infer_moe_init_routing(const TensorView& x, const TensorView& expert_idx,
     const int64_t C = attrs.expert_capacity;
     MOE_ROUTING_RETURN_IF_ERROR(check_slots_fit_int32(op, E, C));
     result.expert_capacity = C;
-    rows = checked_mul(E, C);
-    if (rows < 0 || checked_mul(rows, H) < 0)
-      return invalid_argument(op, "expanded_x would have more than 2^63 elements, got [", E, ", ",
-                              C, ", ", H, "]");
+    MOE_ROUTING_RETURN_IF_ERROR(check_output_bytes(op, "expanded_x", out_dtype, {E, C, H}));
+    rows = E * C;
     result.expanded_x = make_spec(true, out_dtype, {E, C, H});
   } else {
-    MOE_ROUTING_RETURN_IF_ERROR(check_rows_fit(op, "expanded_x", pairs, H));
+    MOE_ROUTING_RETURN_IF_ERROR(check_output_bytes(op, "expanded_x", out_dtype, {pairs, H}));
     result.expanded_x = make_spec(true, out_dtype, {pairs, H});
   }
   result.expanded_row_idx = make_spec(true, DType::int32, {pairs});

@@ -147,9 +147,8 @@ Status infer_moe_init_routing_grad(const TensorView& grad_expanded_x,
   if (grad_expanded_x.numel() == std::numeric_limits<int64_t>::max())
     return invalid_argument(kOp, "grad_expanded_x has too many elements, got ",
                             shape_string(grad_expanded_x));
-  if (result.hidden > 0 && result.num_rows > std::numeric_limits<int64_t>::max() / result.hidden)
-    return invalid_argument(kOp, "grad_x would have more than 2^63 elements, got [",
-                            result.num_rows, ", ", result.hidden, "]");
+  MOE_ROUTING_RETURN_IF_ERROR(detail::check_output_bytes(kOp, "grad_x", grad_expanded_x.dtype,
+                                                         {result.num_rows, result.hidden}));
   result.grad_x_shape[0] = result.num_rows;
   result.grad_x_shape[1] = result.hidden;
   *plan = result;

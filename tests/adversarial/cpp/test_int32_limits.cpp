@@ -258,5 +258,87 @@ TEST(AdversarialInt32Limits, CombineGradDropPadSlotsOfOneExpertMustFitInt64) {
   EXPECT_TRUE(s.is_ok()) << s.message();
 }
 
+// The dispatch's outputs and the dispatch backward's grad_x, in bytes: shape inference checked
+// their element counts against int64 but not their sizes in bytes, so a shape whose elements fit
+// and whose bytes do not (2^62 float32 elements: 2^64 bytes) was reported by the C ABI's
+// *InferShape and accepted by phase one's inference, while mrCreateTensor refuses every tensor
+// of that shape ("the tensor's size in bytes must fit int64"): the caller was handed a shape no
+// tensor can have and the error came from the wrong function. Reachable with empty inputs: the
+// drop-pad dispatch of no token still writes [E, C, H], and the drop-pad backward from E*C = 0
+// slots still writes grad_x [N, H]. Refused now by shape inference, as the combine and its
+// backward refuse theirs, naming the output.
+TEST(AdversarialInt32Limits, DispatchOutputsMustFitInt64Bytes) {
+  const int64_t kHidden = int64_t(1) << 62;  // 2^62 float32 elements: 2^64 bytes
+  const TensorHandle x = tensor_handle(nullptr, MR_FLOAT32, {0, kHidden});
+  const TensorHandle ids = tensor_handle(nullptr, MR_INT32, {0, 1});
+  mrTensorDesc descs[5];
+  // moe_init_routing_v2, drop-pad, no token: expanded_x [1, 1, 2^62].
+  EXPECT_EQ(mrMoeInitRoutingV2InferShape(x.get(), ids.get(), 0, 1, 1, 1, 0, false, &descs[0],
+                                         &descs[1], &descs[2], &descs[3]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      std::string(mrGetLastErrorMessage()),
+      "moe_init_routing_v2: expanded_x would have more than 2^63 - 1 bytes, got 3-D float32 [1, 1, "
+      "4611686018427387904]");
+  // moe_init_routing alike, and phase one with the same arguments.
+  EXPECT_EQ(mrMoeInitRoutingInferShape(x.get(), ids.get(), nullptr, nullptr, nullptr, 0, 1, 1, 1, 0,
+                                       false, -1, nullptr, 0, 0, &descs[0], &descs[1], &descs[2],
+                                       &descs[3], &descs[4]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      std::string(mrGetLastErrorMessage()),
+      "moe_init_routing: expanded_x would have more than 2^63 - 1 bytes, got 3-D float32 [1, 1, "
+      "4611686018427387904]");
+  uint64_t workspace_size = 1;
+  mrExecutor* executor = nullptr;
+  EXPECT_EQ(mrMoeInitRoutingGetWorkspaceSize(x.get(), ids.get(), nullptr, nullptr, nullptr, 0, 1, 1,
+                                             1, 0, false, -1, nullptr, 0, 0, nullptr, nullptr,
+                                             nullptr, nullptr, nullptr, &workspace_size, &executor),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      std::string(mrGetLastErrorMessage()),
+      "moe_init_routing: expanded_x would have more than 2^63 - 1 bytes, got 3-D float32 [1, 1, "
+      "4611686018427387904]");
+  EXPECT_EQ(executor, nullptr);
+  // Dropless: 2^60 float32 columns, K = 2 (x is 2^62 bytes, expanded_x would be 2^63).
+  const TensorHandle wide_x = tensor_handle(nullptr, MR_FLOAT32, {1, int64_t(1) << 60});
+  const TensorHandle pair_ids = tensor_handle(nullptr, MR_INT32, {1, 2});
+  EXPECT_EQ(mrMoeInitRoutingV2InferShape(wide_x.get(), pair_ids.get(), 0, 0, 0, 0, 0, false,
+                                         &descs[0], &descs[1], &descs[2], &descs[3]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      std::string(mrGetLastErrorMessage()),
+      "moe_init_routing_v2: expanded_x would have more than 2^63 - 1 bytes, got 2-D float32 [2, "
+      "1152921504606846976]");
+  // Quantised, the same shape is int8: 2^61 bytes fit.
+  EXPECT_EQ(mrMoeInitRoutingInferShape(wide_x.get(), pair_ids.get(), nullptr, nullptr, nullptr, 0,
+                                       0, 4, 0, 0, false, 1, nullptr, 0, 0, &descs[0], &descs[1],
+                                       &descs[2], &descs[3], &descs[4]),
+            MR_SUCCESS)
+      << mrGetLastErrorMessage();
+  EXPECT_EQ(descs[0].dtype, MR_INT8);
+  // moe_init_routing_grad, drop-pad from no slot: grad_x [1, 2^62].
+  const TensorHandle grad = tensor_handle(nullptr, MR_FLOAT32, {0, 5, kHidden});
+  const TensorHandle row_idx = tensor_handle(nullptr, MR_INT32, {1});
+  EXPECT_EQ(mrMoeInitRoutingV2GradInferShape(grad.get(), row_idx.get(), 1, 1, 0, &descs[0]),
+            MR_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(
+      std::string(mrGetLastErrorMessage()),
+      "moe_init_routing_grad: grad_x would have more than 2^63 - 1 bytes, got 2-D float32 [1, "
+      "4611686018427387904]");
+  // At the bound: exactly int64's bytes in float16 ([1, 1, 2^62 - 1] is 2^63 - 2 bytes).
+  const TensorHandle half_x = tensor_handle(nullptr, MR_FLOAT16, {0, kHidden - 1});
+  EXPECT_EQ(mrMoeInitRoutingV2InferShape(half_x.get(), ids.get(), 0, 1, 1, 1, 0, false, &descs[0],
+                                         &descs[1], &descs[2], &descs[3]),
+            MR_SUCCESS)
+      << mrGetLastErrorMessage();
+  mrTensor* out = nullptr;
+  EXPECT_EQ(
+      mrCreateTensor(descs[0].shape, descs[0].ndim, descs[0].dtype, MR_DEVICE_CPU, nullptr, &out),
+      MR_SUCCESS)
+      << mrGetLastErrorMessage();
+  mrDestroyTensor(out);
+}
+
 }  // namespace
 }  // namespace moe_routing::testing
