@@ -202,7 +202,9 @@ mrStatus mrDestroyTensor(mrTensor* tensor) MR_NOEXCEPT;
  */
 typedef struct mrTensorDesc {
   /** false when the configuration does not produce this output; the output argument may then
-   *  be NULL (or a tensor of the described shape, which is filled with zeros). */
+   *  be NULL, or, where the operator's phase one says so (the dispatch's optional outputs), a
+   *  tensor of the described shape, which is filled with zeros. The combine backward's
+   *  gradScalesOut and gradBiasOut must be NULL when not produced (they are requests). */
   bool produced;
   /** one of the mrDataType constants */
   mrDataType dtype;
