@@ -110,7 +110,12 @@ def _v4_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.expert_capacity = expert_capacity
     ctx.expert_num = expert_num
     ctx.numerics = keyword_only_inputs["numerics"]
-    ctx.save_for_backward(expert_idx, output[1])
+    ctx.pairs_shape = expert_idx.shape
+    # expert_idx is read only by the scatter convention's dropless index (_gather_index): saved only
+    # there, as PyTorch's operators save an input only where a gradient reads it (a tensor saved and
+    # never read made the backward refuse it changed in place, or made under inference mode).
+    reads_expert_idx = drop_pad_mode != 1 and row_idx_type == 1
+    ctx.save_for_backward(expert_idx if reads_expert_idx else None, output[1])
 
 
 def _gather_index(ctx, expert_idx, expanded_row_idx):
@@ -157,7 +162,7 @@ def _v4_backward(ctx, grad_expanded_x, _g_row_idx, _g_counts, grad_expanded_scal
         grad_scale = _grad(rows_view(grad_expanded_scale), index, k, mode, 0, numerics=numerics).view(-1)
     if needs_weight and grad_expanded_topk_weight is not None:
         grad_weight = _grad(rows_view(grad_expanded_topk_weight), index, 1, mode, 0,
-                            numerics=numerics).view(expert_idx.shape)
+                            numerics=numerics).view(ctx.pairs_shape)
     return (grad_x, None, grad_scale, None, grad_weight) + (None,) * 10
 
 
@@ -230,13 +235,32 @@ def _finalize_setup_context(ctx, inputs, keyword_only_inputs, output):
     ctx.special_ranges = [tuple(r) for r in ranges if _range_enabled(r)]
     ctx.has_term_experts = _range_enabled(copy_expert_range) or _range_enabled(constant_expert_range)
     ctx.numerics = keyword_only_inputs["numerics"]
-    ctx.save_for_backward(expanded_x, expanded_row_idx, scales, expert_idx, bias)
+    ctx.expanded_x_shape = expanded_x.shape
+    # Saved is what the gradients wanted read, as PyTorch's operators save an input only where a
+    # gradient reads it: a tensor saved and never read made the backward refuse it changed in place
+    # (or made under inference mode), and kept it alive until then - expanded_x, the largest
+    # activation, is read only by grad_scales. x1 and x2 get grad_y itself and read nothing.
+    needs = _finalize_needs(ctx)
+    want_x, want_bias, want_scales = needs[0], needs[4] and bias is not None, needs[5] and scales is not None
+    combine_grad = want_x or want_bias or want_scales  # the backward runs moe_finalize_routing_grad
+    # bias enters grad_scales (scale * (row + bias) . grad_y) and gives grad_bias its experts; expert_idx
+    # names each pair's bias row and the special experts' pairs.
+    keep_bias = want_bias or want_scales
+    keep_expert_idx = combine_grad and (keep_bias and bias is not None or bool(ctx.special_ranges))
+    ctx.save_for_backward(expanded_x if want_scales else None, expanded_row_idx if combine_grad else None,
+                          scales if combine_grad else None, expert_idx if keep_expert_idx else None,
+                          bias if keep_bias else None)
+
+
+def _finalize_needs(ctx):
+    """needs_input_grad of all the forward's inputs: it covers the arguments of the call up to its
+    last non-default one."""
+    return tuple(ctx.needs_input_grad) + (False,) * (_FINALIZE_INPUTS - len(ctx.needs_input_grad))
 
 
 def _finalize_backward(ctx, grad_y):
     expanded_x, expanded_row_idx, scales, expert_idx, bias = ctx.saved_tensors
-    # needs_input_grad covers the arguments of the call up to its last non-default one.
-    needs = tuple(ctx.needs_input_grad) + (False,) * (_FINALIZE_INPUTS - len(ctx.needs_input_grad))
+    needs = _finalize_needs(ctx)
     grads = [None] * _FINALIZE_INPUTS
     if grad_y is None:
         return tuple(grads)
@@ -265,14 +289,16 @@ def _finalize_backward(ctx, grad_y):
         # reshape, not view: special has expert_idx's strides, which need not be row-major (a
         # transposed expert_idx is a valid input); the pairs are its elements in logical order.
         index = torch.where(special.reshape(-1), -1, index).to(torch.int32)
+    shape = ctx.expanded_x_shape
     if ctx.drop_pad_mode in (1, 3):
-        mode, active_num, experts, capacity = 1, 0, expanded_x.shape[0], expanded_x.shape[1]
+        mode, active_num, experts, capacity = 1, 0, shape[0], shape[1]
     else:
-        mode, active_num, experts, capacity = 0, expanded_x.shape[0], 0, 0
+        mode, active_num, experts, capacity = 0, shape[0], 0, 0
         if active_num == 0:
             # No rows (every pair dropped or cut; the grad's active_num 0 would mean "all N*K
-            # rows"): nothing was read, so the gradients are an empty one and zeros.
-            grads[0] = expanded_x.new_zeros(expanded_x.shape) if want_x else None
+            # rows"): nothing was read, so the gradients are an empty one and zeros (grad_y has
+            # expanded_x's dtype and device).
+            grads[0] = grad_y.new_zeros(shape) if want_x else None
             grads[4] = bias.new_zeros(bias.shape) if want_bias else None
             grads[5] = scales.new_zeros(scales.shape) if want_scales else None
             return tuple(grads)
