@@ -8,6 +8,8 @@ devices as the device kernels do.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._port import INT32_MAX, INT64_MAX, check_device, dtype_name
@@ -94,7 +96,18 @@ def _moe_init_routing_grad_fake(grad_expanded_x, expanded_row_idx, top_k, drop_p
         raise ValueError(f"{op}: expanded_row_idx must be 1-D int32, got {_describe(expanded_row_idx)}")
     hidden = grad_expanded_x.shape[-1]
     num_rows = expanded_row_idx.shape[0] // top_k
+    _check_output_bytes(op, "grad_x", grad_expanded_x.dtype, (num_rows, hidden))
     return grad_expanded_x.new_empty((num_rows, hidden))
+
+
+def _check_output_bytes(op, name, dtype, shape):
+    """The core's check_output_bytes (src/ops/validation.cpp) where the extents are ints (symbolic ones are left to
+    the kernel): an output whose size in bytes passes int64 is no tensor's shape, and an empty one always fits."""
+    if any(not isinstance(d, int) for d in shape) or 0 in shape:
+        return
+    if math.prod(shape) * dtype.itemsize > INT64_MAX:
+        raise ValueError(f"{op}: {name} would have more than 2^63 - 1 bytes, got {len(shape)}-D {dtype_name(dtype)} "
+                         f"[{', '.join(str(d) for d in shape)}]")
 
 
 def _check_routing_inputs(op, x, expert_idx, numerics, **optional):
@@ -152,9 +165,11 @@ def _moe_init_routing_v2_fake(x, expert_idx, active_num=0, expert_capacity=0, ex
     pairs = n * expert_idx.shape[1]
     _check_slots_fit_int32(op, drop_pad_mode, expert_num, expert_capacity)
     if drop_pad_mode == 1:
+        _check_output_bytes(op, "expanded_x", x.dtype, (expert_num, expert_capacity, hidden))
         expanded_x = x.new_empty((expert_num, expert_capacity, hidden))
     else:
         rows = pairs if active_num == 0 else torch.sym_min(active_num, pairs)
+        _check_output_bytes(op, "expanded_x", x.dtype, (rows, hidden))
         expanded_x = x.new_empty((rows, hidden))
     expanded_row_idx = x.new_empty((pairs,), dtype=torch.int32)
     counts = x.new_empty((expert_num,), dtype=torch.int32)
@@ -269,9 +284,11 @@ def _moe_init_routing_fake(x, expert_idx, scale=None, offset=None, topk_weight=N
     out_dtype = torch.int8 if quantised else x.dtype
     if drop_pad_mode == 1:
         rows = expert_num * expert_capacity
+        _check_output_bytes(op, "expanded_x", out_dtype, (expert_num, expert_capacity, hidden))
         expanded_x = x.new_empty((expert_num, expert_capacity, hidden), dtype=out_dtype)
     else:
         rows = pairs
+        _check_output_bytes(op, "expanded_x", out_dtype, (pairs, hidden))
         expanded_x = x.new_empty((pairs, hidden), dtype=out_dtype)
     expanded_row_idx = x.new_empty((pairs,), dtype=torch.int32)
     if expert_tokens_num_flag and expert_tokens_num_type == 2:
@@ -441,6 +458,7 @@ def _moe_finalize_routing_fake(expanded_x, expanded_row_idx, x1=None, x2=None, b
             return constant_expert_range[1] - constant_expert_range[0], hidden
         for name, t in (("alpha1", alpha1), ("alpha2", alpha2), ("v", v)):
             _check_2d_kind(op, name, t, dtype, constant_rows, "[constant_expert_range size, H]")
+    _check_output_bytes(op, "out", dtype, (n, hidden))
     return expanded_x.new_empty((n, hidden))
 
 

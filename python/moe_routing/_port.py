@@ -190,18 +190,22 @@ class _SkipZeroScales(torch.autograd.Function):
             # torch.func.grad / vjp / jacrev differentiating rows or scales: the backward's operator
             # cannot run under them. Refused here, in the forward, as the operator is (_api._eager).
             raise NotImplementedError(func_transform_error("moe_finalize_routing"))
-        ctx.save_for_backward(rows, index, scales)
+        # rows are read only by scales' gradient: saved only then, as the operators' autograd saves
+        # (a tensor saved and never read made the backward refuse it changed in place).
+        ctx.rows_shape = rows.shape
+        ctx.save_for_backward(rows if ctx.needs_input_grad[2] else None, index, scales)
         ctx.grad_numerics = grad_numerics
 
     @staticmethod
     def backward(ctx, grad_y):
         rows, index, scales = ctx.saved_tensors
         want_rows, _, want_scales = ctx.needs_input_grad[:3]
-        if rows.shape[0] == 0:  # no rows: nothing was read (the grad's active_num 0 would mean "all")
-            return rows.new_zeros(rows.shape), None, scales.new_zeros(scales.shape), None, None
+        shape = ctx.rows_shape
+        if shape[0] == 0:  # no rows: nothing was read (the grad's active_num 0 would mean "all")
+            return grad_y.new_zeros(shape), None, scales.new_zeros(scales.shape), None, None
         grad_rows, grad_scales, _ = _call(
             torch.ops.moe_routing.moe_finalize_routing_grad, grad_y.contiguous(), index, rows, scales, None, None, 0,
-            rows.shape[0], 0, 0, numerics=ctx.grad_numerics, compute_grad_scales=want_scales, compute_grad_bias=False)
+            shape[0], 0, 0, numerics=ctx.grad_numerics, compute_grad_scales=want_scales, compute_grad_bias=False)
         return (grad_rows if want_rows else None), None, (grad_scales if want_scales else None), None, None
 
 

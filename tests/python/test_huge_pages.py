@@ -326,7 +326,8 @@ def test_the_cache_factory_gives_fake_tensors_under_fake_mode_and_compiles(outpu
 
 def test_the_cache_factory_checks_its_shape_once_with_its_own_name(output_cache):
     empty = torch.ops.moe_routing._empty_from_output_cache
-    with pytest.raises(ValueError, match=r"_empty_from_output_cache: shape entries must be >= 0, got \[4, -1\]"):
+    with pytest.raises(ValueError,
+                       match=r"_empty_from_output_cache: the tensor's shape entries must be >= 0, got \[4, -1\]"):
         empty([4, -1], torch.float32)
     with pytest.raises(ValueError, match=r"_empty_from_output_cache: the tensor must have at most 2\^62 bytes"):
         empty([1 << 31, 1 << 31], torch.float32)  # 2^64 bytes

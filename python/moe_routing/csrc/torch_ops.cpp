@@ -257,18 +257,21 @@ c10::Allocator& output_cache_allocator() {
 }
 
 /// The bytes of a tensor of `shape` and `dtype`, for an output whose shape is checked here
-/// (`op` names the caller in the errors): entries >= 0, at most 2^62 bytes.
-int64_t checked_output_bytes(at::IntArrayRef shape, at::ScalarType dtype, const char* op) {
+/// (`op` and `name` name the caller and the output in the errors): entries >= 0, at most 2^62
+/// bytes.
+int64_t checked_output_bytes(at::IntArrayRef shape, at::ScalarType dtype, const char* op,
+                             const char* name) {
   for (const int64_t d : shape)
-    TORCH_CHECK_VALUE(d >= 0, op, ": shape entries must be >= 0, got ", shape);
+    TORCH_CHECK_VALUE(d >= 0, op, ": ", name, "'s shape entries must be >= 0, got ", shape);
   // An empty tensor has no bytes whatever its other extents ([2^40, 0, 4] is a valid output; the
   // running product used to overflow before it reached the zero).
   for (const int64_t d : shape)
     if (d == 0) return 0;
   int64_t bytes = int64_t(at::elementSize(dtype));
   for (const int64_t d : shape) {
-    TORCH_CHECK_VALUE(bytes <= (int64_t(1) << 62) / d, op,
-                      ": the tensor must have at most 2^62 bytes, got shape ", shape);
+    TORCH_CHECK_VALUE(bytes <= (int64_t(1) << 62) / d, op, ": ", name,
+                      " must have at most 2^62 bytes (a CPU tensor's limit here), got ",
+                      dtype_text(dtype), " ", shape);
     bytes *= d;
   }
   return bytes;
@@ -278,9 +281,9 @@ int64_t checked_output_bytes(at::IntArrayRef shape, at::ScalarType dtype, const 
 /// cache while it is on, else from PyTorch's allocator (huge pages asked for from 4 MiB up,
 /// before anything touches it). The shape is checked as checked_output_bytes says (the
 /// operators' output shapes are validated before: there the checks hold, a few compares).
-at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype,
-                          const char* op = "new_cpu_output") {
-  if (moe_routing::detail::output_cache_serves(checked_output_bytes(shape, dtype, op)))
+at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype, const char* op,
+                          const char* name) {
+  if (moe_routing::detail::output_cache_serves(checked_output_bytes(shape, dtype, op, name)))
     return at::detail::empty_generic(shape, &output_cache_allocator(),
                                      c10::DispatchKeySet(c10::DispatchKey::CPU), dtype,
                                      std::nullopt);
@@ -292,7 +295,7 @@ at::Tensor new_cpu_output(at::IntArrayRef shape, at::ScalarType dtype,
 /// new_cpu_output for the Python package's own large CPU buffers (moe_routing.distributed's
 /// received rows): shape entries >= 0, at most 2^62 bytes.
 at::Tensor empty_from_output_cache(std::vector<int64_t> shape, at::ScalarType dtype) {
-  return new_cpu_output(shape, dtype, "_empty_from_output_cache");
+  return new_cpu_output(shape, dtype, "_empty_from_output_cache", "the tensor");
 }
 
 /// What the output cache holds and has done: [limit, idle, in use] bytes, hits, misses, and the
@@ -384,7 +387,7 @@ class Call {
                     const at::Tensor* out) const {
     const at::ScalarType dtype = torch_dtype(core_type);
     if (out == nullptr)
-      return device_.is_cpu() ? new_cpu_output(shape, dtype)
+      return device_.is_cpu() ? new_cpu_output(shape, dtype, op_, name)
                               : at::empty(shape, at::TensorOptions(device_).dtype(dtype));
     TORCH_CHECK_VALUE(out->sizes() == shape && out->scalar_type() == dtype &&
                           out->is_contiguous() && out->device() == device_,

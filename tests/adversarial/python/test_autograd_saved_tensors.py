@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import moe_routing
+from test_finalize_adversarial import combine_case as finalize_case, forward as combine
 
 I32 = torch.int32
 INPLACE = "modified by an inplace operation"
@@ -21,19 +22,8 @@ def dispatch_case(n=6, k=2, e=4, h=3, seed=0):
             torch.rand(n, k, generator=gen), e)
 
 
-def combine_case(n=5, k=2, e=3, h=4, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return dict(expanded_x=torch.randn(n * k, h, generator=gen),
-                expanded_row_idx=torch.randperm(n * k, generator=gen).to(I32),
-                x1=torch.randn(n, h, generator=gen), scales=torch.rand(n, k, generator=gen),
-                bias=torch.randn(e, h, generator=gen),
-                expert_idx=torch.randint(0, e, (n, k), generator=gen, dtype=I32))
-
-
-def combine(case, **kwargs):
-    case = dict(case)
-    return moe_routing.moe_finalize_routing(case.pop("expanded_x"), case.pop("expanded_row_idx"), drop_pad_mode=2,
-                                            **case, **kwargs)
+def combine_case():
+    return finalize_case(n=5, k=2, h=4, e=3, seed=1)
 
 
 def grads(loss_of, leaves):
@@ -135,3 +125,35 @@ def test_combine_backward_with_no_rows_and_nothing_saved_for_expanded_x():
                                          torch.zeros(2, 2, dtype=I32), drop_pad_mode=2)
     g_ex, g_bias = torch.autograd.grad(y, (ex, bias), torch.ones(2, 4))
     assert g_ex.shape == (0, 4) and torch.equal(g_bias, torch.zeros(3, 4))
+
+
+def test_token_unpermute_with_zero_skips_leaves_its_rows_alone_where_probs_need_no_gradient():
+    # npu_moe_token_unpermute's atlas_a2 path (a pair whose prob is 0 adds nothing) is a Function of its own,
+    # which saved the rows whatever was wanted: changed in place after the forward, they made the backward of
+    # the rows alone refuse them.
+    import moe_routing.torch_npu as torch_npu
+    n, k, h = 5, 2, 4
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.randn(n * k, h, generator=gen)
+    index = torch.randperm(n * k, generator=gen).to(I32)
+    probs = torch.rand(n, k, generator=gen)
+    probs[1, 0] = 0
+
+    def grad_of_rows(change):
+        leaf = rows.clone().requires_grad_()
+        source = leaf * 1
+        out = torch_npu.npu_moe_token_unpermute(source, index, probs)
+        if change:
+            source.add_(1)  # the values the backward of the rows alone never reads
+        gy = torch.arange(out.numel(), dtype=out.dtype).view_as(out)
+        (out * gy).sum().backward()
+        return leaf.grad
+
+    assert torch.equal(grad_of_rows(True), grad_of_rows(False))
+    leaf = rows.clone().requires_grad_()
+    source = leaf * 1
+    wanted = probs.clone().requires_grad_()
+    out = torch_npu.npu_moe_token_unpermute(source, index, wanted)
+    source.add_(1)
+    with pytest.raises(RuntimeError, match=INPLACE):  # scales' gradient reads the rows
+        out.sum().backward()

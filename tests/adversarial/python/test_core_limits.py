@@ -42,7 +42,7 @@ def test_combine_grad_drop_pad_shapes_with_a_zero_extent():
     # overflow): the core accepted it and PyTorch failed allocating it (RuntimeError "Stride
     # calculation overflowed"); now the core refuses it (tests/adversarial/cpp/test_int32_limits.cpp).
     # [2^62, 0, 4] is an empty tensor like any other: the binding's byte count overflowed before it
-    # reached the zero and refused it ("new_cpu_output: ... at most 2^62 bytes").
+    # reached the zero and refused it ("... at most 2^62 bytes").
     grad_y = torch.zeros(2, 4)
     idx = torch.full((2,), -1, dtype=torch.int32)
     with pytest.raises(ValueError, match=r"moe_finalize_routing_grad: grad_expanded_x would have more than "
@@ -57,3 +57,13 @@ def test_combine_grad_drop_pad_shapes_with_a_zero_extent():
     out = moe_routing.moe_finalize_routing(expanded_x, idx, drop_pad_mode=3)
     out.backward(torch.ones_like(out))
     assert torch.equal(out, torch.zeros(2, 4)) and expanded_x.grad.shape == (2 ** 62, 0, 4)
+
+
+def test_an_output_beyond_the_binding_s_byte_limit_names_the_operator_and_the_output():
+    # Between 2^62 and 2^63 - 1 bytes the core accepts a shape and the binding refuses to allocate it; its
+    # message named its own helper ("new_cpu_output: the tensor must have at most 2^62 bytes").
+    x = torch.empty(0, 2 ** 60 + 1)
+    idx = torch.empty(0, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^moe_init_routing_v2: expanded_x must have at most 2\^62 bytes \(a CPU "
+                                         r"tensor's limit here\), got float32 \[1, 1, 1152921504606846977\]$"):
+        moe_routing.moe_init_routing_v2(x, idx, 0, 1, 1, 1)

@@ -316,6 +316,16 @@ def _parity_cases():
             z(d, 4, 0), z(d, 4, 1, dtype=torch.int32), 0, 4, 2**30, 1)),
         ("drop-pad slots beyond int32, the torch API", lambda d: moe_routing.moe_init_routing(
             z(d, 4, 0), z(d, 4, 1, dtype=torch.int32), expert_capacity=4, expert_num=2**30, drop_pad_mode=1)),
+        # Outputs whose bytes pass int64 (an adversarial round of the C ABI, 2026-12-04): the core refuses them
+        # in shape inference; the fake made PyTorch's "Storage size calculation overflowed".
+        ("drop-pad expanded_x beyond int64 bytes", lambda d: moe_routing.moe_init_routing_v2(
+            z(d, 0, 2**62), z(d, 0, 1, dtype=torch.int32), 0, 1, 1, 1)),
+        ("drop-pad expanded_x beyond int64 bytes, the torch API", lambda d: moe_routing.moe_init_routing(
+            z(d, 0, 2**62), z(d, 0, 1, dtype=torch.int32), expert_capacity=1, expert_num=1, drop_pad_mode=1)),
+        ("grad_x beyond int64 bytes", lambda d: moe_routing.moe_init_routing_grad(
+            z(d, 0, 1, 2**62), z(d, 1, dtype=torch.int32), 1, 1)),
+        ("the combine's out beyond int64 bytes", lambda d: moe_routing.moe_finalize_routing(
+            z(d, 0, 2**62), torch.full((1,), -1, dtype=torch.int32, device=d), drop_pad_mode=2)),
     ]
 
 
