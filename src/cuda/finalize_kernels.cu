@@ -221,11 +221,6 @@ Status moe_finalize_routing_grad(FinalizeRoutingGradProblem p,
                               {"grad_bias", p.grad_bias, bytes_of(p.dtype, E * H)}});
   MOE_ROUTING_RETURN_IF_ERROR(scope.status());
   if (scope.empty()) return Status::ok();
-  if (R >= INT32_MAX || E >= INT32_MAX)  // the scans count keys + 1 in an int
-    return not_supported(kGradOp,
-                         "grad_expanded_x rows and bias rows must be fewer than "
-                         "2147483647 on the GPU, got ",
-                         R, " and ", E);
   if (pairs > 0) {
     IndexVerdict verdict;
     MOE_ROUTING_RETURN_IF_ERROR(read_verdict(
@@ -245,8 +240,15 @@ Status moe_finalize_routing_grad(FinalizeRoutingGradProblem p,
     return Status::ok();
   }
 
-  // The pair lists: a sizing pass over a null layout, then the real one.
+  // The pair lists: a sizing pass over a null layout, then the real one. Only the lists that are
+  // built are limited by the scans' int32 count of keys + 1 (rows always, experts only for
+  // grad_bias); no columns or no grad_bias never reach the limit, as on the CPU.
   const bool bias_lists = p.grad_bias != nullptr && E > 0;
+  if (R >= INT32_MAX || (bias_lists && E >= INT32_MAX))
+    return not_supported(kGradOp,
+                         "grad_expanded_x rows and bias rows must be fewer than "
+                         "2147483647 on the GPU, got ",
+                         R, " and ", E);
   ScratchLayout sizing;
   MOE_ROUTING_RETURN_IF_ERROR(build_pair_lists(p, false, R, &sizing, stream, nullptr, nullptr));
   if (bias_lists)

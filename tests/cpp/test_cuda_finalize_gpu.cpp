@@ -5,6 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cuda/device_memory.h"
 #include "cuda_test_util.h"
@@ -162,6 +164,70 @@ TEST(CudaFinalizeGrad, BadIndexGivesTheCpuMessageAndWritesNothing) {
             "pair, values in [9, 16) pairs cut by active_num), got -5");
   for (const FloatBuffer* b : {&got.grad_expanded_x, &got.grad_scales, &got.grad_bias})
     for (uint8_t byte : b->bytes) ASSERT_EQ(byte, kPoisonByte) << "an output was written on error";
+}
+
+/// The GPU's int32 limit on the pair lists applies only to lists that are built: with no columns
+/// (no lists) a drop-pad layout of 2^31 - 1 rows and 2^31 - 1 bias rows run as on the CPU (every
+/// grad_scales +0), and a bad index is still reported with the CPU's message. (Regression: the
+/// launcher refused them as not supported before looking at H or at the indices.)
+TEST(CudaFinalizeGrad, NoColumnsNeedNoPairListsWhateverTheRows) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t kMax = 2147483647;
+  const int64_t N = 2, K = 2;
+  for (int64_t mode = 0; mode < 2; ++mode) {
+    MoeFinalizeRoutingGradAttrs attrs;
+    attrs.drop_pad_mode = mode;
+    attrs.expert_num = mode == 1 ? 1 : 0;
+    attrs.expert_capacity = mode == 1 ? kMax : 0;
+    const int64_t E = mode == 1 ? 1 : kMax;  // bias rows
+    const int64_t rows = mode == 1 ? kMax : N * K;
+    std::vector<int32_t> idx = {0, mode == 1 ? int32_t(kMax - 1) : 3, -1, 1};
+    std::vector<int32_t> experts(size_t(N * K), 0);
+    std::vector<float> scales(size_t(N * K), 0.5f);
+    for (int bad = 0; bad < 2; ++bad) {
+      if (bad == 1) idx[1] = -7;
+      cuda::DeviceBuffer d_gy, d_idx, d_x, d_scales, d_experts, d_bias, d_gx, d_gs, d_gb;
+      ASSERT_TRUE(d_gy.allocate(0).is_ok());
+      ASSERT_TRUE(d_idx.upload(idx.data(), idx.size() * 4).is_ok());
+      ASSERT_TRUE(d_x.allocate(0).is_ok());
+      ASSERT_TRUE(d_scales.upload(scales.data(), scales.size() * 4).is_ok());
+      ASSERT_TRUE(d_experts.upload(experts.data(), experts.size() * 4).is_ok());
+      ASSERT_TRUE(d_bias.allocate(0).is_ok());
+      ASSERT_TRUE(d_gx.allocate(0).is_ok());
+      ASSERT_TRUE(d_gs.allocate(size_t(N * K) * 4).is_ok());
+      ASSERT_TRUE(d_gs.fill(kPoisonByte).is_ok());
+      ASSERT_TRUE(d_gb.allocate(0).is_ok());
+      const Device cu = Device::cuda;
+      MoeFinalizeRoutingGradInputs in;
+      in.grad_y = TensorView(d_gy.data(), DType::float32, {N, 0}, cu);
+      in.expanded_row_idx = TensorView(d_idx.data(), DType::int32, {N * K}, cu);
+      in.scales = TensorView(d_scales.data(), DType::float32, {N, K}, cu);
+      in.expert_idx = TensorView(d_experts.data(), DType::int32, {N, K}, cu);
+      in.bias = TensorView(d_bias.data(), DType::float32, {E, 0}, cu);
+      MoeFinalizeRoutingGradOutputs out;
+      if (mode == 1) {
+        in.expanded_x = TensorView(d_x.data(), DType::float32, {1, kMax, 0}, cu);
+        out.grad_expanded_x = TensorView(d_gx.data(), DType::float32, {1, kMax, 0}, cu);
+      } else {
+        in.expanded_x = TensorView(d_x.data(), DType::float32, {rows, 0}, cu);
+        out.grad_expanded_x = TensorView(d_gx.data(), DType::float32, {rows, 0}, cu);
+      }
+      out.grad_scales = TensorView(d_gs.data(), DType::float32, {N, K}, cu);
+      out.grad_bias = TensorView(d_gb.data(), DType::float32, {E, 0}, cu);
+      const Status s = moe_finalize_routing_grad(in, attrs, out);
+      std::vector<uint32_t> gs(size_t(N * K));
+      ASSERT_TRUE(d_gs.download(gs.data(), gs.size() * 4).is_ok());
+      if (bad == 0) {
+        ASSERT_TRUE(s.is_ok()) << "mode " << mode << ": " << s.message();
+        for (uint32_t bits : gs) EXPECT_EQ(bits, 0u) << "mode " << mode;
+      } else {
+        EXPECT_EQ(s.code(), StatusCode::index_out_of_range)
+            << "mode " << mode << ": " << s.message();
+        EXPECT_NE(s.message().find("expanded_row_idx[1]"), std::string::npos) << s.message();
+        for (uint32_t bits : gs) EXPECT_EQ(bits, 0x5A5A5A5Au) << "written on error";
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -94,7 +94,7 @@ TEST(CudaFinalizeHost, GradBodiesMatchTheReference) {
   for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
     for (int64_t mode = 0; mode < 2; ++mode)
       for (Numerics numerics : testing::kFinalizeNumerics)
-        for (int64_t h : {1, 40, 64, 65, 600, 8300}) {
+        for (int64_t h : {1, 40, 64, 65, 600, 8300, 2 * 14016 + 517}) {
           testing::GradOptions o;
           o.bias = h % 2 == 0, o.grad_bias = o.bias, o.mixed_scales = d.mixed_scales;
           o.duplicates = true;
@@ -107,7 +107,7 @@ TEST(CudaFinalizeHost, GradBodiesMatchTheReference) {
               << " H=" << h;
           ++compared;
         }
-  EXPECT_EQ(compared, 4 * 2 * 2 * 6);
+  EXPECT_EQ(compared, 4 * 2 * 2 * 7);
 }
 
 TEST(CudaFinalizeHost, IndexVerdictsGiveTheCpuMessages) {
