@@ -158,14 +158,21 @@ int multiprocessor_count() {
   static std::mutex mutex;
   static std::vector<int> counts;
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  // A failed query is not this call's error: cleared (not sticky), so that the next launch check
+  // does not report it as that launch's failure; one block per multiprocessor is assumed.
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    static_cast<void>(cudaGetLastError());
+    return 1;
+  }
   std::lock_guard<std::mutex> lock(mutex);
   if (counts.size() <= size_t(device)) counts.resize(size_t(device) + 1, 0);
   if (counts[size_t(device)] == 0) {
     int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-        sms <= 0)
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());
       sms = 1;
+    }
+    if (sms <= 0) sms = 1;
     counts[size_t(device)] = sms;
   }
   return counts[size_t(device)];

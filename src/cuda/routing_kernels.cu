@@ -247,10 +247,12 @@ template <class Kernel>
 int resident_blocks(Kernel kernel) {
   int resident = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, 0) !=
-          cudaSuccess ||
-      resident <= 0)
+      cudaSuccess) {
+    // Not sticky: cleared, or the next launch check would report it as that launch's failure.
+    static_cast<void>(cudaGetLastError());
     resident = 1;
-  return resident;
+  }
+  return resident > 0 ? resident : 1;
 }
 
 template <class T>
