@@ -325,6 +325,27 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     huge = [2**63 if rank == 0 else 1] + [1] * (world - 1)
     out["all_to_all_split_int64"] = _expect_error(lambda: ep.all_to_all(rows, huge, [1] * world,
                                                                         group=short_group()))
+    # A sparse (or nested) tensor on the last rank, of the right shape and dtype: it passed every
+    # local check and failed after the agreement on that rank alone (its peers timed out in the rows'
+    # exchange or, for combine's scales, x1 and bias, returned y while it raised; found by an
+    # adversarial review). Each on a short group of its own, as above.
+    def on_last(t, convert=lambda t: t.to_sparse()):
+        return convert(t) if rank == last else t
+
+    out["dispatch_sparse_x"] = _expect_error(lambda: ep.dispatch(on_last(x), idx, e, group=short_group()))
+    out["dispatch_sparse_expert_idx"] = _expect_error(lambda: ep.dispatch(x, on_last(idx), e, group=short_group()))
+    for name in ("expert_out", "scales", "x1", "bias"):
+        group = short_group()
+        sparse_x, _, sparse_handle = ep.dispatch(x, idx, e, group=group)
+        arguments = {"expert_out": sparse_x, "scales": scales, "x1": x, "bias": torch.ones(e, 8)}
+        arguments[name] = on_last(arguments[name])
+        out[f"combine_sparse_{name}"] = _expect_error(lambda: ep.combine(arguments.pop("expert_out"), sparse_handle,
+                                                                         **arguments))
+    out["replicate_rows_sparse"] = _expect_error(lambda: ep.replicate_rows(on_last(x), group=short_group()))
+    out["all_to_all_sparse"] = _expect_error(lambda: ep.all_to_all(on_last(rows), [1] * world, [1] * world,
+                                                                   group=short_group()))
+    nested = lambda t: torch.nested.nested_tensor([t[:2], t[2:]])  # noqa: E731 - no sizes: its shape raises
+    out["replicate_rows_nested"] = _expect_error(lambda: ep.replicate_rows(on_last(x, nested), group=short_group()))
     y = ep.combine(recv_x, handle, scales=scales)
     out["still_works"] = "ok" if y.shape == x.shape else f"wrong shape {list(y.shape)}"
     return out

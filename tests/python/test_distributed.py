@@ -112,6 +112,9 @@ def test_training_bitwise(world, name):
         assert results["training"][name] == "ok", f"world {world}, rank {rank}: {results['training'][name]}"
 
 
+# A sparse tensor of the right shape and dtype on the last rank (the cases in ep_cases.run_mismatches).
+SPARSE = "must be a dense tensor (torch.strided layout), got a torch.sparse_coo tensor (on rank"
+
 MISMATCHES = {
     "num_experts": "num_experts must be the same on every rank",
     "hidden": "the hidden size H (x.size(1)) must be the same on every rank",
@@ -150,6 +153,16 @@ MISMATCHES = {
     "combine_device": "combine: the device type of expert_out must be the same on every rank, got cpu (rank",
     "all_to_all_split_int64": "all_to_all: output_split_sizes must be at most 9223372036854775807 each (int64), "
                               "got 9223372036854775808 (on rank 0)",
+    "dispatch_sparse_x": "dispatch: x " + SPARSE,
+    "dispatch_sparse_expert_idx": "dispatch: expert_idx " + SPARSE,
+    "combine_sparse_expert_out": "combine: expert_out " + SPARSE,
+    "combine_sparse_scales": "combine: scales " + SPARSE,
+    "combine_sparse_x1": "combine: x1 " + SPARSE,
+    "combine_sparse_bias": "combine: bias " + SPARSE,
+    "replicate_rows_sparse": "replicate_rows: rows " + SPARSE,
+    "all_to_all_sparse": "all_to_all: rows " + SPARSE,
+    "replicate_rows_nested": "replicate_rows: rows must be a dense tensor (torch.strided layout), got a nested tensor "
+                             "(on rank",
 }
 
 

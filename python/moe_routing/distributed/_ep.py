@@ -265,6 +265,10 @@ def row_fields(op: str, rows) -> Tuple[dict, Optional[str]]:
     """The agreement fields of replicate_rows' or all_to_all's rows [N_r, ...] (with whether they
     need a gradient: both backwards are collectives), or the error text when rows is not such a
     tensor."""
+    try:
+        _check_dense(f"moe_routing.distributed.{op}", "rows", rows)
+    except ValueError as failure:
+        return {}, str(failure)
     if not isinstance(rows, torch.Tensor) or rows.dim() < 1:
         return {}, f"moe_routing.distributed.{op}: rows must be a tensor [N_r, ...], got {_describe(rows)}"
     trailing = list(rows.shape[1:])
@@ -343,6 +347,8 @@ def all_to_all(rows: torch.Tensor, output_split_sizes: List[int], input_split_si
 
 def _dispatch_checks(x, expert_idx, num_experts, expert_capacity, numerics, world) -> Tuple[int, Optional[int]]:
     op = "moe_routing.distributed.dispatch"
+    _check_dense(op, "x", x)
+    _check_dense(op, "expert_idx", expert_idx)
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype not in _DTYPE_CODES:
         raise ValueError(f"{op}: x must be a 2-D float32, float16 or bfloat16 tensor [N, H], got "
                          f"{_describe(x)}")
@@ -382,6 +388,18 @@ def _describe(t) -> str:
     if not isinstance(t, torch.Tensor):
         return type(t).__name__
     return f"{t.dim()}-D {dtype_name(t.dtype)} {list(t.shape)} on {t.device}"
+
+
+def _check_dense(op: str, name: str, t) -> None:
+    """A tensor argument must be dense (torch.strided, not nested), checked before its shape (a
+    nested tensor has none). The exchanges and the operators read elements through strides: a
+    sparse or MKL-DNN tensor of the right shape and dtype once passed every other check and failed
+    after the agreement exchange on its own rank alone (its peers waited in the rows' exchange, or
+    went on with a result while it raised); a nested one raised from its shape before the exchange,
+    on its own rank alone."""
+    if isinstance(t, torch.Tensor) and (t.is_nested or t.layout != torch.strided):
+        kind = "a nested tensor" if t.is_nested else f"a {t.layout} tensor"
+        raise ValueError(f"{op}: {name} must be a dense tensor (torch.strided layout), got {kind}")
 
 
 def dispatch(x: torch.Tensor, expert_idx: torch.Tensor, num_experts: int, *, group=None,
@@ -682,6 +700,8 @@ def _send_token_rows(comm: Comm, rows: torch.Tensor, h: DispatchHandle, step: st
 
 def _combine_checks(expert_out, h, scales, x1, x2, bias, numerics) -> None:
     op = "moe_routing.distributed.combine"
+    for name, t in (("expert_out", expert_out), ("scales", scales), ("x1", x1), ("x2", x2), ("bias", bias)):
+        _check_dense(op, name, t)
     shape = list(h.recv_shape)
     if (not isinstance(expert_out, torch.Tensor) or list(expert_out.shape) != shape
             or expert_out.dtype != h.dtype):
