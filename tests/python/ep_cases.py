@@ -254,6 +254,8 @@ def run_mismatches(rank: int, world: int) -> Dict[str, str]:
     bad[3, 1] = e
     out["expert_id"] = _expect_error(lambda: ep.dispatch(x, bad if rank == last else idx, e))
     out["x_dtype"] = _expect_error(lambda: ep.dispatch(x.double() if rank == last else x, idx, e))
+    # Every rank wrong: the first rank's error, and the others named after it (once in nested parentheses).
+    out["x_dtype_everywhere"] = _expect_error(lambda: ep.dispatch(x.double(), idx, e))
     out["divisible"] = _expect_error(lambda: ep.dispatch(x, idx % (world + 1), world + 1)) if world > 1 else \
         "skipped"
     out["requires_grad"] = _expect_error(lambda: ep.dispatch(x.clone().requires_grad_(rank == 0), idx, e))

@@ -124,6 +124,8 @@ MISMATCHES = {
     "numerics": "numerics must be the same on every rank",
     "expert_id": "expert_idx values must be in [0, num_experts)",
     "x_dtype": "x must be a 2-D float32, float16 or bfloat16 tensor",
+    "x_dtype_everywhere": "x must be a 2-D float32, float16 or bfloat16 tensor [N, H], got 2-D float64 [5, 8] on cpu "
+                          "(on rank 0, and on rank",
     "divisible": "num_experts must be divisible by the world size",
     "requires_grad": "x.requires_grad (with grad mode) must be the same on every rank",
     "expert_out_shape": "expert_out must be float32",

@@ -252,7 +252,7 @@ def _check_table(op: str, table: torch.Tensor, comm: Comm) -> None:
         size = int(table[r, _F_TEXT_BYTES])
         raw = table[r, _HEADER_WORDS:_HEADER_WORDS + _TEXT_WORDS].contiguous().numpy().tobytes()[:size]
         text = raw.decode("utf-8", errors="replace")
-        others = f" (and on rank{'s' if len(failing) > 2 else ''} {', '.join(map(str, failing[1:]))})" \
+        others = f", and on rank{'s' if len(failing) > 2 else ''} {', '.join(map(str, failing[1:]))}" \
             if len(failing) > 1 else ""
         raise ValueError(f"{text} (on rank {r}{others})")
     for position, name, show in _AGREED_FIELDS[op]:

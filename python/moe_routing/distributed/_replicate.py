@@ -28,6 +28,13 @@ class RowLayout:
         self.stop = self.start + counts[comm.rank]
         self.total = sum(counts)
 
+    def renamed(self, op: str) -> "RowLayout":
+        """The same layout, its collectives naming `op` in their errors."""
+        other = RowLayout.__new__(RowLayout)
+        other.__dict__.update(self.__dict__)
+        other.comm = self.comm.renamed(op)
+        return other
+
 
 class _Replicate(torch.autograd.Function):
     @staticmethod
@@ -57,10 +64,9 @@ class _Local(torch.autograd.Function):
         # agree on its sizes, dtype and device type first, as replicate_rows' ranks on its rows: a
         # rank whose computation after replicate_rows took another dtype or width would send rows
         # of another byte width (gloo aborts the process) or of the same width reinterpreted.
-        layout = ctx.layout
+        layout = ctx.layout.renamed("local_rows")  # its collectives' errors name local_rows
         fields, error = row_fields("local_rows", grad)
-        _exchange("local_rows", layout.comm.renamed("local_rows"), fields, error,
-                  grad.shape[0] if error is None else 0, None)
+        _exchange("local_rows", layout.comm, fields, error, grad.shape[0] if error is None else 0, None)
         return _Replicate.apply(grad, layout, "gradient rows all-gather"), None
 
 
