@@ -1,9 +1,10 @@
 // Huge-page advice for the output buffers a front end allocates (core/memory_hints.h).
 #include "core/memory_hints.h"
 
+#include "core/environment.h"
+
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -13,7 +14,12 @@
 namespace moe_routing::detail {
 
 bool huge_pages_from_env(const char* value) {
-  return value == nullptr || std::strcmp(value, "0") != 0;
+  if (value == nullptr) return true;
+  const EnvNumber number = parse_env_number(value);
+  if (number.valid && (number.value == 0 || number.value == 1)) return number.value == 1;
+  warn_env_ignored("MOE_ROUTING_HUGE_PAGES", "0 or 1", value,
+                   "the default (1: huge pages asked for)");
+  return true;
 }
 
 namespace {

@@ -44,7 +44,7 @@ constexpr int64_t kStreamingStoreMaxBytes = int64_t(32) << 20;
 void set_streaming_store_threshold_for_testing(int64_t bytes);
 
 /// Whether advise_huge_pages gives advice (and the output cache advises its new memory): on
-/// Linux, unless the environment variable MOE_ROUTING_HUGE_PAGES is "0" - read once, at the first
+/// Linux, unless the environment variable MOE_ROUTING_HUGE_PAGES is 0 - read once, at the first
 /// use, as the library's other variables are (a getenv racing another thread's setenv is
 /// undefined behaviour) - or set_huge_pages_enabled replaced it. Thread-safe.
 bool huge_pages_enabled();
@@ -53,8 +53,9 @@ bool huge_pages_enabled();
 /// What a process changes at run time instead of the environment. Thread-safe.
 void set_huge_pages_enabled(bool enabled);
 
-/// The setting MOE_ROUTING_HUGE_PAGES's value (nullptr: unset) gives: on unless it is "0".
-/// Exposed for tests (the variable is read once per process).
+/// The setting MOE_ROUTING_HUGE_PAGES's value (nullptr: unset) gives: a whole number 0 (off) or 1
+/// (on), read as core/environment.h reads every variable; anything else warns on stderr and gives
+/// the default, on. Exposed for tests (the variable is read once per process).
 bool huge_pages_from_env(const char* value);
 
 /// Buffers smaller than this get no huge-page advice: they hold at most one aligned 2 MiB page,

@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/environment.h"
 #include "core/memory_hints.h"
 
 #if defined(__linux__)
@@ -59,14 +60,11 @@ int64_t usable_memory() {
 
 int64_t default_limit() {
   if (const char* mib = std::getenv("MOE_ROUTING_OUTPUT_CACHE_MB")) {
-    char* end = nullptr;
-    const long long value = std::strtoll(mib, &end, 10);
-    if (end != mib && *end == '\0' && value >= 0)
-      return value >= (int64_t(1) << 40) ? int64_t(1) << 60 : int64_t(value) << 20;
-    std::fprintf(stderr,
-                 "moe_routing: MOE_ROUTING_OUTPUT_CACHE_MB must be a whole number of MiB >= 0, got "
-                 "\"%s\"; using the default (1/8 of the memory this process may use)\n",
-                 mib);
+    const EnvNumber value = parse_env_number(mib);
+    if (value.valid && value.value >= 0)
+      return value.value >= (int64_t(1) << 40) ? int64_t(1) << 60 : value.value << 20;
+    warn_env_ignored("MOE_ROUTING_OUTPUT_CACHE_MB", "a whole number of MiB >= 0", mib,
+                     "the default (1/8 of the memory this process may use)");
   }
   return usable_memory() / 8;
 }

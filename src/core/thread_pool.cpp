@@ -2,15 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
 
+#include "core/environment.h"
 #include "moe_routing/tensor.h"
 
 namespace moe_routing {
@@ -211,13 +212,15 @@ Status check_num_threads(const char* function, int64_t num_threads, const char* 
 
 int num_threads_from_env(const char* text, int fallback) {
   if (text == nullptr) return fallback;
-  errno = 0;
-  char* end = nullptr;
-  const long long value = std::strtoll(text, &end, 10);
-  while (end != text && (*end == ' ' || *end == '\t')) ++end;
-  if (end == text || *end != '\0' || value < 1) return fallback;
-  if (errno == ERANGE || value > kMaxNumThreads) return kMaxNumThreads;
-  return int(value);
+  const EnvNumber number = parse_env_number(text);
+  if (!number.valid || number.value < 0) {
+    const std::string instead = "the default (every core: " + std::to_string(fallback) + ")";
+    warn_env_ignored("MOE_ROUTING_NUM_THREADS", "a whole number >= 0 (0: every core)", text,
+                     instead.c_str());
+    return fallback;
+  }
+  if (number.value == 0) return fallback;
+  return number.value > kMaxNumThreads ? kMaxNumThreads : int(number.value);
 }
 
 int threads_for_bytes(int threads, int64_t bytes) {

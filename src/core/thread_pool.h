@@ -21,9 +21,10 @@ int resolve_num_threads(int requested);
 /// `zero` says what 0 means to the caller ("restores the default", "uses the library default").
 Status check_num_threads(const char* function, int64_t num_threads, const char* zero);
 
-/// The library default a MOE_ROUTING_NUM_THREADS value gives: a whole number >= 1 (surrounding
-/// blanks allowed), at most kMaxNumThreads (larger ones give kMaxNumThreads); anything else,
-/// null included, gives `fallback`.
+/// The library default a MOE_ROUTING_NUM_THREADS value gives: a whole number >= 1 (read as
+/// core/environment.h reads every variable: surrounding blanks allowed), at most kMaxNumThreads
+/// (larger ones give kMaxNumThreads); 0 and null (unset) give `fallback`; anything else gives
+/// `fallback` with a warning on stderr that names the variable and the value.
 int num_threads_from_env(const char* text, int fallback);
 
 /// Thrown by reserve_threads when the system refuses to start a worker thread (std::thread's

@@ -174,9 +174,32 @@ TEST(MemoryHints, HugePageAdviceCoversTheAlignedInteriorOfLargeBuffersOnly) {
 TEST(MemoryHints, TheEnvironmentTurnsHugePagesOffWithZeroOnly) {
   EXPECT_TRUE(detail::huge_pages_from_env(nullptr));  // unset: the default, on
   EXPECT_FALSE(detail::huge_pages_from_env("0"));
-  EXPECT_TRUE(detail::huge_pages_from_env("1"));  // anything but "0" leaves it on
-  EXPECT_TRUE(detail::huge_pages_from_env(""));
-  EXPECT_TRUE(detail::huge_pages_from_env("00"));
+  EXPECT_TRUE(detail::huge_pages_from_env("1"));
+}
+
+// MOE_ROUTING_HUGE_PAGES reads as the library's other variables do (a whole number, surrounding
+// blanks allowed): 0 off, 1 on. Before, anything but exactly "0" silently left the advice on:
+// "false", "off", "no", " 0" and "0 " all did, with nothing said.
+TEST(MemoryHints, TheHugePagesVariableIsZeroOrOneAndAnythingElseWarns) {
+  for (const char* off : {"0", " 0", "0 ", "\t0\t", "00", "+0", "-0"}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_FALSE(detail::huge_pages_from_env(off)) << "'" << off << "'";
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "'" << off << "'";
+  }
+  for (const char* on : {"1", " 1 ", "01"}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_TRUE(detail::huge_pages_from_env(on)) << "'" << on << "'";
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "'" << on << "'";
+  }
+  for (const char* other : {"", " ", "false", "off", "no", "true", "2", "-1", "0x0", "0x", "1.0",
+                            "99999999999999999999"}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_TRUE(detail::huge_pages_from_env(other)) << "'" << other << "'";  // the default
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+              std::string("moe_routing: MOE_ROUTING_HUGE_PAGES must be 0 or 1, got \"") + other +
+                  "\"; using the default (1: huge pages asked for)\n")
+        << "'" << other << "'";
+  }
 }
 
 // MOE_ROUTING_HUGE_PAGES is read once: a getenv on every allocation raced other threads' setenv

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -118,6 +119,31 @@ TEST(ThreadPool, RestoringTheDefaultDoesNotReadTheEnvironmentAgain) {
     EXPECT_EQ(get_num_threads(), initial);
   }
   ASSERT_TRUE(set_num_threads(before).is_ok());
+}
+
+// A MOE_ROUTING_NUM_THREADS that is not a whole number >= 0 is ignored, as before, but no longer
+// silently ("4x" gave every core with nothing said, while MOE_ROUTING_OUTPUT_CACHE_MB warned): the
+// warning names the variable and the value.
+TEST(ThreadPool, AnIgnoredThreadVariableWarns) {
+  for (const char* bad : {"4x", "", " ", "eight", "-5", "0x10", "1.5", "3 4", "-99999999999999999999"}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(detail::num_threads_from_env(bad, 7), 7) << "'" << bad << "'";
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+              std::string("moe_routing: MOE_ROUTING_NUM_THREADS must be a whole number >= 0 (0: "
+                          "every core), got \"") +
+                  bad + "\"; using the default (every core: 7)\n")
+        << "'" << bad << "'";
+  }
+  struct Case {
+    const char* text;
+    int expected;
+  };
+  for (const Case& c : {Case{"3", 3}, Case{" 3\t", 3}, Case{"+04", 4}, Case{"0", 7},
+                        Case{"1025", kMaxNumThreads}, Case{"99999999999999999999", kMaxNumThreads}}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(detail::num_threads_from_env(c.text, 7), c.expected) << "'" << c.text << "'";
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "'" << c.text << "'";
+  }
 }
 
 // The byte estimates' arithmetic: exact up to INT64_MAX inclusive, INT64_MAX beyond it (a fuzz

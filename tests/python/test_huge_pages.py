@@ -209,6 +209,20 @@ def test_the_environment_sets_the_limit_and_zero_turns_the_cache_off(tmp_path):
         os.environ.get("MOE_ROUTING_OUTPUT_CACHE_MB") is not None
 
 
+def test_the_cache_variable_allows_surrounding_blanks_as_the_thread_variable_does():
+    # Before: strtoll skipped leading blanks but not trailing ones, so " 16" set 16 MiB while "16 " warned and
+    # kept the default; MOE_ROUTING_NUM_THREADS allowed both. The variables now share one reading.
+    script = "import moe_routing\nprint(moe_routing.output_cache_stats()['limit_bytes'])\n"
+    for mib in (" 16", "16 ", " 16\t", "+016"):
+        env = dict(os.environ, MOE_ROUTING_OUTPUT_CACHE_MB=mib)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert (int(out.stdout), out.stderr) == (16 << 20, ""), repr(mib)
+    for mib in ("", "16 MB", "0x10", "-1", "1e3"):
+        env = dict(os.environ, MOE_ROUTING_OUTPUT_CACHE_MB=mib)
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        assert f'MOE_ROUTING_OUTPUT_CACHE_MB must be a whole number of MiB >= 0, got "{mib}"' in out.stderr, repr(mib)
+
+
 def poisoned(make):
     """make()'s result, after a call of it whose large outputs were overwritten with 0xff bytes (NaNs) and
     freed: with the output cache on, the result's buffers are those, so an element the operator does not

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "commands.h"
+#include "core/environment.h"
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "moe_routing/moe_routing.hpp"
@@ -59,9 +60,11 @@ class InfoCommand : public Command {
     const char* env = std::getenv("MOE_ROUTING_NUM_THREADS");
     if (env == nullptr) return " (every core; set MOE_ROUTING_NUM_THREADS to change)";
     const std::string set = "MOE_ROUTING_NUM_THREADS=" + std::string(env);
-    const int value = detail::num_threads_from_env(env, 0);
-    if (value == 0) return " (every core; " + set + " ignored: not a positive integer)";
-    if (value == kMaxNumThreads && std::strtoll(env, nullptr, 10) != kMaxNumThreads)
+    // Read as the library read it (core/environment.h), without its warning a second time.
+    const detail::EnvNumber value = detail::parse_env_number(env);
+    if (!value.valid || value.value < 1)
+      return " (every core; " + set + " ignored: not a positive integer)";
+    if (value.value > kMaxNumThreads)
       return " (" + set + " capped at " + std::to_string(kMaxNumThreads) + ")";
     return " (" + set + ")";
   }
