@@ -125,7 +125,8 @@ TEST(ThreadPool, RestoringTheDefaultDoesNotReadTheEnvironmentAgain) {
 // silently ("4x" gave every core with nothing said, while MOE_ROUTING_OUTPUT_CACHE_MB warned): the
 // warning names the variable and the value.
 TEST(ThreadPool, AnIgnoredThreadVariableWarns) {
-  for (const char* bad : {"4x", "", " ", "eight", "-5", "0x10", "1.5", "3 4", "-99999999999999999999"}) {
+  for (const char* bad :
+       {"4x", "", " ", "eight", "-5", "0x10", "1.5", "3 4", "-99999999999999999999"}) {
     ::testing::internal::CaptureStderr();
     EXPECT_EQ(detail::num_threads_from_env(bad, 7), 7) << "'" << bad << "'";
     EXPECT_EQ(::testing::internal::GetCapturedStderr(),
@@ -138,8 +139,9 @@ TEST(ThreadPool, AnIgnoredThreadVariableWarns) {
     const char* text;
     int expected;
   };
-  for (const Case& c : {Case{"3", 3}, Case{" 3\t", 3}, Case{"+04", 4}, Case{"0", 7},
-                        Case{"1025", kMaxNumThreads}, Case{"99999999999999999999", kMaxNumThreads}}) {
+  for (const Case& c :
+       {Case{"3", 3}, Case{" 3\t", 3}, Case{"+04", 4}, Case{"0", 7}, Case{"1025", kMaxNumThreads},
+        Case{"99999999999999999999", kMaxNumThreads}}) {
     ::testing::internal::CaptureStderr();
     EXPECT_EQ(detail::num_threads_from_env(c.text, 7), c.expected) << "'" << c.text << "'";
     EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "'" << c.text << "'";
