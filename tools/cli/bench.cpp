@@ -543,8 +543,9 @@ class BenchCommand : public Command {
                  "also run every row once on the reference backend and compare the outputs bit "
                  "for bit",
                  &verify_);
-    p.add_int("--threads", "T", "CPU threads; 0 = library default (every core)", &threads_, 0,
-              kMaxNumThreads);
+    p.add_int("--threads", "T",
+              "CPU threads; 0 = library default (MOE_ROUTING_NUM_THREADS or every core)", &threads_,
+              0, kMaxNumThreads);
     p.add_choice("--isa", "CPU instruction set of the kernels (automatic: the best this CPU has)",
                  {"automatic", "baseline", "avx2", "avx512"}, &isa_text_);
     p.add_int("--runs", "R", "timed runs per measurement (the median is reported)", &runs_, 1,
