@@ -351,6 +351,33 @@ def test_expert_idx_changed_after_dispatch_does_not_change_combine_world_of_one(
     assert torch.equal(ep.combine(recv_x, handle, bias=bias), expected)
 
 
+def test_combine_backward_leaves_expert_out_alone_where_scales_need_no_gradient_world_of_one():
+    """expert_out is read by the backward only for scales' gradient; kept whatever was wanted, it made
+    the backward refuse it changed in place after the combine (PyTorch's "modified by an inplace
+    operation"), where the gradient of x never reads it."""
+    g = torch.Generator().manual_seed(4)
+    x, scales = torch.randn(5, 4, generator=g), torch.rand(5, 2, generator=g)
+    idx = torch.tensor([[0, 1], [2, 3], [1, 0], [3, 2], [0, 2]], dtype=torch.int32)
+
+    def grad_of_x(change):
+        leaf = x.clone().requires_grad_()
+        recv_x, _, handle = ep.dispatch(leaf, idx, 4)
+        expert_out = recv_x * 2
+        y = ep.combine(expert_out, handle, scales=scales)
+        if change:
+            expert_out.add_(1)
+        y.backward(torch.arange(y.numel(), dtype=y.dtype).view_as(y))
+        return leaf.grad
+
+    assert torch.equal(grad_of_x(True), grad_of_x(False))
+    recv_x, _, handle = ep.dispatch(x.clone().requires_grad_(), idx, 4)
+    expert_out = recv_x * 2
+    y = ep.combine(expert_out, handle, scales=scales.clone().requires_grad_())
+    expert_out.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # scales' gradient reads it
+        y.sum().backward()
+
+
 def test_all_to_all_splits_world_of_one():
     """Splits may be any ints (here 0-dim tensors) and are checked once converted: one per rank,
     none negative, the input splits summing to the rows."""

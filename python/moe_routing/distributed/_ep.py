@@ -803,7 +803,10 @@ class _Combine(torch.autograd.Function):
                                     out=staging(1, (h.kept_rows_count, h.hidden), dtype, device))
         y = _finalize(rows, h.local_index, x1, x2, bias, scales, h.expert_idx, None, None, None, None, 2, None, None,
                       None, h.top_k, numerics=numerics, api="v2")
-        ctx.save_for_backward(expert_out, scales, bias)
+        # expert_out is read only by scales' gradient: kept only then, as the single-device
+        # operators' autograd keeps it (changed in place after the combine, it made a backward that
+        # never reads it refuse it, and it stayed alive until the backward).
+        ctx.save_for_backward(expert_out if needs[1] else None, scales, bias)
         return y
 
     @staticmethod
@@ -846,7 +849,7 @@ class _CombineGrad(torch.autograd.Function):
             h, token_rows, token_scales, expert_out, local_bias, need_scales, need_bias, numerics)
         grads = [None] * 3
         if need_rows:
-            grads[0] = grad_rows.view(expert_out.shape)
+            grads[0] = grad_rows.view(h.recv_shape)  # expert_out's shape (checked by combine)
         if need_scales:
             back = comm.all_to_all_rows(grad_token_scales, h.token_send_splits, h.token_recv_splits,
                                         "grad_scales exchange (all_to_all)")
