@@ -15,11 +15,26 @@ Status check_dims_non_negative(const char* op, const char* name, const TensorVie
   return Status::ok();
 }
 
+namespace {
+
+/// Whether `element` bytes times every extent fits int64; true where an extent is 0 (no bytes,
+/// whatever the other extents). Extents are >= 0.
+bool bytes_fit_int64(int64_t element, std::initializer_list<int64_t> extents) {
+  for (int64_t extent : extents)
+    if (extent == 0) return true;
+  constexpr auto kMax = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max());
+  unsigned __int128 bytes = static_cast<uint64_t>(element);
+  for (int64_t extent : extents)
+    if ((bytes *= static_cast<uint64_t>(extent)) > kMax) return false;  // both factors < 2^64
+  return true;
+}
+
+}  // namespace
+
 Status check_element_count(const char* op, const char* name, const TensorView& t) {
-  const int64_t count = t.numel();
-  const int64_t element = int64_t(dtype_size(t.dtype));
+  const int64_t count = t.numel();  // saturates at INT64_MAX
   if (count == std::numeric_limits<int64_t>::max() ||
-      (element > 0 && count > std::numeric_limits<int64_t>::max() / element))
+      !bytes_fit_int64(int64_t(dtype_size(t.dtype)), {count}))
     return invalid_argument(op, name, " has too many elements (more than 2^63 - 1 bytes), got ",
                             shape_string(t));
   return Status::ok();
@@ -27,17 +42,7 @@ Status check_element_count(const char* op, const char* name, const TensorView& t
 
 Status check_output_bytes(const char* op, const char* name, DType dtype,
                           std::initializer_list<int64_t> shape) {
-  unsigned __int128 bytes = dtype_size(dtype);
-  bool fits = true;
-  for (int64_t extent : shape) {
-    if (extent == 0) return Status::ok();  // empty: no bytes, whatever the other extents
-    bytes *= static_cast<unsigned __int128>(extent);
-    if (bytes > static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max())) {
-      fits = false;
-      bytes = static_cast<unsigned __int128>(std::numeric_limits<int64_t>::max()) + 1;
-    }
-  }
-  if (fits) return Status::ok();
+  if (bytes_fit_int64(int64_t(dtype_size(dtype)), shape)) return Status::ok();
   std::string extents;
   for (int64_t extent : shape) extents += (extents.empty() ? "" : ", ") + std::to_string(extent);
   return invalid_argument(op, name, " would have more than 2^63 - 1 bytes, got ", shape.size(),

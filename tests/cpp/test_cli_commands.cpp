@@ -174,15 +174,22 @@ TEST(CliInfo, ReportsVersionIsaAndThreads) {
 // it set the count), a too large one capped.
 TEST(CliInfo, SaysWhenTheThreadVariableIsIgnoredOrCapped) {
   TempDir dir;
-  for (const char* value : {"abc", "0", "-3", "2x", ""}) {
+  for (const char* value : {"abc", "-3", "2x", ""}) {
     const CliResult r =
         run_cli(dir, {"info"}, CliOptions{{std::string("MOE_ROUTING_NUM_THREADS=") + value}});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find(std::string("(every core; MOE_ROUTING_NUM_THREADS=") + value +
-                         " ignored: not a positive integer)"),
+                         " ignored: not a whole number >= 0)"),
               std::string::npos)
         << r.out;
   }
+  // 0 is the library's documented "every core" (core/thread_pool.h), read without a warning: info
+  // says so rather than calling it ignored.
+  const CliResult zero = run_cli(dir, {"info"}, CliOptions{{"MOE_ROUTING_NUM_THREADS=0"}});
+  ASSERT_EQ(zero.exit_code, 0) << zero.err;
+  EXPECT_NE(zero.out.find("(every core: MOE_ROUTING_NUM_THREADS=0)\n"), std::string::npos)
+      << zero.out;
+  EXPECT_EQ(zero.err.find("MOE_ROUTING_NUM_THREADS"), std::string::npos) << zero.err;
   const CliResult big = run_cli(dir, {"info"}, CliOptions{{"MOE_ROUTING_NUM_THREADS=99999"}});
   EXPECT_NE(big.out.find("default threads: 1024 (MOE_ROUTING_NUM_THREADS=99999 capped at 1024)"),
             std::string::npos)

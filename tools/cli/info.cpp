@@ -62,8 +62,9 @@ class InfoCommand : public Command {
     const std::string set = "MOE_ROUTING_NUM_THREADS=" + std::string(env);
     // Read as the library read it (core/environment.h), without its warning a second time.
     const detail::EnvNumber value = detail::parse_env_number(env);
-    if (!value.valid || value.value < 1)
-      return " (every core; " + set + " ignored: not a positive integer)";
+    if (!value.valid || value.value < 0)
+      return " (every core; " + set + " ignored: not a whole number >= 0)";
+    if (value.value == 0) return " (every core: " + set + ")";
     if (value.value > kMaxNumThreads)
       return " (" + set + " capped at " + std::to_string(kMaxNumThreads) + ")";
     return " (" + set + ")";
