@@ -5,6 +5,8 @@
 
 The functions take CANN's arguments in CANN's order, positionally or by keyword, with CANN's
 defaults; ours (numerics, order, api, grad_bias, out) are keyword-only after them (docs/python.md).
+moe_init_routing_v2 is not a name of CANN's extension: it is ours, with aclnnMoeInitRoutingV2's
+parameters (docs/porting.md, section 2).
 """
 from ._api import (moe_finalize_routing, moe_finalize_routing_grad, moe_init_routing, moe_init_routing_grad,
                    moe_init_routing_v2)
