@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch._subclasses.fake_tensor import is_fake
@@ -248,3 +248,63 @@ def sorted_rows(function, x, keys, rows, numerics, names):
     expanded_x, expanded_row_idx, _, _ = renamed_errors(
         function, lambda: moe_init_routing_v2(source, keys, rows, numerics=numerics), names)
     return (expanded_x if rows > 0 else no_rows(x)), expanded_row_idx
+
+
+# ---- routing maps ([N, E], nonzero = routed): Megatron-Core's permute and torch_npu's routing-map pair ----
+
+MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+
+
+def check_routing_map(function: str, routing_map: torch.Tensor, probs: Optional[torch.Tensor],
+                      tokens: Optional[int], first: Dict[str, torch.Tensor]) -> None:
+    """routing_map and probs, on the device of `first` ({name: tensor}, the function's first input)."""
+    check_tensor(function, "routing_map", routing_map, (2,), MAP_DTYPES, " [num_tokens, num_experts]")
+    n, e = routing_map.shape
+    if tokens is not None and n != tokens:
+        raise ValueError(f"{function}: routing_map must have one row per token ({tokens}), got "
+                         f"{list(routing_map.shape)}")
+    if e < 1:
+        raise ValueError(f"{function}: routing_map must have at least one expert column, got {list(routing_map.shape)}")
+    if n * e > INT32_MAX:
+        raise ValueError(f"{function}: routing_map must have at most {INT32_MAX} entries (the pairs are indexed in "
+                         f"int32), got {n} * {e} = {n * e}")
+    if probs is not None:
+        check_tensor(function, "probs", probs, (2,), FLOAT_DTYPES, " [num_tokens, num_experts]")
+        if probs.shape != routing_map.shape:
+            raise ValueError(f"{function}: probs must have routing_map's shape {list(routing_map.shape)}, got "
+                             f"{list(probs.shape)}")
+    check_device(function, {**first, "routing_map": routing_map, "probs": probs})
+
+
+def routing_map_keys(routing_map: torch.Tensor, num_out_tokens: int, drop_and_pad: bool) -> Tuple[torch.Tensor, int]:
+    """(keys int32 [N, E], rows): a stable sort of the N*E pairs (n, e), flat position n*E + e, by key
+    lists Megatron-Core's permuted rows first, in its order; `rows` of them are kept.
+
+    Dropless (Megatron: a stable descending argsort of routing_map^T flattened): routed pairs,
+    key e, come first, expert-major and token-ascending; then the unrouted pairs, key E + e, in the
+    same order - the rows past the routed count when num_out_tokens exceeds it.
+    drop_and_pad (capacity C = num_out_tokens // E, per expert the first C tokens of a stable
+    descending argsort of its column): each expert's list is its routed tokens ascending, then its
+    unrouted tokens ascending; the first min(C, N) are kept - routed ones with key 2e, unrouted
+    (padding) ones with key 2e + 1 - and the rest get key 2E, after every kept pair.
+    """
+    n, e = routing_map.shape
+    routed = routing_map != 0
+    expert = torch.arange(e, dtype=torch.int32, device=routing_map.device).expand(n, e)
+    if not drop_and_pad:
+        return torch.where(routed, expert, expert + e), min(num_out_tokens, n * e)
+    capacity = num_out_tokens // e
+    routed_rank = routed.cumsum(0) - 1
+    other_rank = routed.sum(0) + (~routed).cumsum(0) - 1
+    kept = torch.where(routed, routed_rank, other_rank) < capacity
+    keys = torch.where(kept, 2 * expert + (~routed).to(torch.int32), 2 * e)
+    return keys.to(torch.int32), e * min(capacity, n)
+
+
+def sorted_pairs(row_idx: torch.Tensor, rows: int) -> torch.Tensor:
+    """The flat pair n*E + e of each of the first `rows` sorted rows: the inverse of the sort's
+    pair -> row permutation (int64)."""
+    pairs = row_idx.numel()
+    inverse = torch.empty(pairs, dtype=torch.long, device=row_idx.device)
+    inverse.scatter_(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))
+    return inverse[:rows]

@@ -29,73 +29,15 @@ the `ascend_950` numerics. docs/porting.md gives the details and differences.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional, Sequence
 
 import torch
 
 from ._api import moe_init_routing_v2
-from ._port import (FLOAT_DTYPES, INT32_MAX, check_device, check_int, check_tensor, first_true, reads_values,
-                    renamed_errors, sorted_rows, weighted_combine)
+from ._port import (FLOAT_DTYPES, check_int, check_routing_map, check_tensor, first_true, reads_values,
+                    renamed_errors, routing_map_keys, sorted_pairs, sorted_rows, weighted_combine)
 
 __all__ = ["permute", "unpermute"]
-
-_MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
-
-
-def _check_routing(function: str, routing_map: torch.Tensor, probs: Optional[torch.Tensor],
-                   tokens: Optional[int], first: Dict[str, torch.Tensor]) -> None:
-    """routing_map and probs, on the device of `first` ({name: tensor}, the function's first input)."""
-    check_tensor(function, "routing_map", routing_map, (2,), _MAP_DTYPES, " [num_tokens, num_experts]")
-    n, e = routing_map.shape
-    if tokens is not None and n != tokens:
-        raise ValueError(f"{function}: routing_map must have one row per token ({tokens}), got "
-                         f"{list(routing_map.shape)}")
-    if e < 1:
-        raise ValueError(f"{function}: routing_map must have at least one expert column, got {list(routing_map.shape)}")
-    if n * e > INT32_MAX:
-        raise ValueError(f"{function}: routing_map must have at most {INT32_MAX} entries (the pairs are indexed in "
-                         f"int32), got {n} * {e} = {n * e}")
-    if probs is not None:
-        check_tensor(function, "probs", probs, (2,), FLOAT_DTYPES, " [num_tokens, num_experts]")
-        if probs.shape != routing_map.shape:
-            raise ValueError(f"{function}: probs must have routing_map's shape {list(routing_map.shape)}, got "
-                             f"{list(probs.shape)}")
-    check_device(function, {**first, "routing_map": routing_map, "probs": probs})
-
-
-def _sort_keys(routing_map: torch.Tensor, num_out_tokens: int, drop_and_pad: bool) -> Tuple[torch.Tensor, int]:
-    """(keys int32 [N, E], rows): a stable sort of the N*E pairs (n, e), flat position n*E + e, by key
-    lists Megatron's permuted rows first, in its order; `rows` of them are kept.
-
-    Dropless (Megatron: a stable descending argsort of routing_map^T flattened): routed pairs,
-    key e, come first, expert-major and token-ascending; then the unrouted pairs, key E + e, in the
-    same order - the rows past the routed count when num_out_tokens exceeds it.
-    drop_and_pad (capacity C = num_out_tokens // E, per expert the first C tokens of a stable
-    descending argsort of its column): each expert's list is its routed tokens ascending, then its
-    unrouted tokens ascending; the first min(C, N) are kept - routed ones with key 2e, unrouted
-    (padding) ones with key 2e + 1 - and the rest get key 2E, after every kept pair.
-    """
-    n, e = routing_map.shape
-    routed = routing_map != 0
-    expert = torch.arange(e, dtype=torch.int32, device=routing_map.device).expand(n, e)
-    if not drop_and_pad:
-        return torch.where(routed, expert, expert + e), min(num_out_tokens, n * e)
-    capacity = num_out_tokens // e
-    routed_rank = routed.cumsum(0) - 1
-    other_rank = routed.sum(0) + (~routed).cumsum(0) - 1
-    kept = torch.where(routed, routed_rank, other_rank) < capacity
-    keys = torch.where(kept, 2 * expert + (~routed).to(torch.int32), 2 * e)
-    return keys.to(torch.int32), e * min(capacity, n)
-
-
-def _sorted_pairs(row_idx: torch.Tensor, rows: int) -> torch.Tensor:
-    """The flat pair n*E + e of each of the first `rows` sorted rows: the inverse of the sort's
-    pair -> row permutation (int64)."""
-    pairs = row_idx.numel()
-    inverse = torch.empty(pairs, dtype=torch.long, device=row_idx.device)
-    inverse.scatter_(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))
-    return inverse[:rows]
-
 
 def _inverse_map(routing_map: torch.Tensor, pairs: torch.Tensor, num_out_tokens: int) -> torch.Tensor:
     """Megatron's batch-invariant inverse map [2, N, topk] (int64): for token n and slot s (its
@@ -146,7 +88,7 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
     """
     function = "permute"
     check_tensor(function, "tokens", tokens, (2,), FLOAT_DTYPES, " [num_tokens, hidden]")
-    _check_routing(function, routing_map, probs, tokens.shape[0], {"tokens": tokens})
+    check_routing_map(function, routing_map, probs, tokens.shape[0], {"tokens": tokens})
     if num_out_tokens is None:
         raise ValueError(f"{function}: num_out_tokens must be given (Megatron-Core's argsort permute needs it; its "
                          f"dispatchers pass num_tokens * topk or the routed count), got None")
@@ -169,11 +111,11 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
                                  f"exactly num_out_tokens / num_tokens = {count // n} experts, got "
                                  f"{int(routed[bad])} for token {bad}")
     e = routing_map.shape[1]
-    keys, rows = _sort_keys(routing_map, count, drop_and_pad)
+    keys, rows = routing_map_keys(routing_map, count, drop_and_pad)
     # Its autograd backward adds each token's rows in float32 from +0 in slot (= expert) order:
     # the `sequential` order of numerics "ascend_950".
     permuted_input, row_idx = sorted_rows(function, tokens, keys, rows, "ascend_950", {"x": "tokens"})
-    pairs = _sorted_pairs(row_idx, rows)
+    pairs = sorted_pairs(row_idx, rows)
     sorted_indices = pairs // e
     # A gather of probs at the rows' pairs (each pair once, so its gradient is a plain scatter).
     permuted_probs = None if probs is None else probs.reshape(-1).index_select(0, pairs)
@@ -216,7 +158,7 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
     if pad_offsets is not None:
         raise ValueError(f"{function}: pad_offsets must be None (only Transformer Engine's fused permute pads; "
                          f"moe_routing's permute never does), got a tensor")
-    _check_routing(function, routing_map, probs, None,
+    check_routing_map(function, routing_map, probs, None,
                    {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices})
     n, e = routing_map.shape
     try:
@@ -230,14 +172,14 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
     if drop_and_pad and rows % e != 0:
         raise ValueError(f"{function}: with drop_and_pad, permuted_tokens must have num_experts * capacity rows "
                          f"(a multiple of {e}), got {rows}")
-    keys, expected_rows = _sort_keys(routing_map, rows, drop_and_pad)
+    keys, expected_rows = routing_map_keys(routing_map, rows, drop_and_pad)
     if expected_rows != rows:
         raise ValueError(f"{function}: permuted_tokens must have at most num_tokens * num_experts = {n * e} rows "
                          f"(permute's maximum), got {rows}")
     # The pair -> row permutation of permute's sort (the sort alone, on a zero-width x).
     _, row_idx, _, _ = moe_init_routing_v2(permuted_tokens.new_empty((n, 0)), keys)
     if reads_values(sorted_indices):
-        expected = _sorted_pairs(row_idx, rows) // e
+        expected = sorted_pairs(row_idx, rows) // e
         bad = first_true(sorted_indices != expected)
         if bad is not None:
             raise ValueError(f"{function}: sorted_indices[{bad}] must be {int(expected[bad])} (the token of row "

@@ -26,11 +26,13 @@ import torch
 
 from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
-from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_tensor, first_true, int32_index,
-                    position, reads_values, refuse_non_ints, renamed_errors, sorted_rows, weighted_combine)
+from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_routing_map, check_tensor,
+                    first_true, int32_index, position, reads_values, refuse_non_ints, renamed_errors, routing_map_keys,
+                    sorted_pairs, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
-           "npu_moe_token_unpermute", "npu_moe_compute_expert_tokens"]
+           "npu_moe_token_unpermute", "npu_moe_token_permute_with_routing_map",
+           "npu_moe_token_unpermute_with_routing_map", "npu_moe_compute_expert_tokens"]
 
 
 def npu_moe_init_routing(x: torch.Tensor, row_idx: torch.Tensor, expert_idx: torch.Tensor, active_num: int, *,
@@ -270,6 +272,15 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
     if padded_mode:
         raise ValueError(f"{function}: padded_mode must be False (torch_npu's kernel has no padded mode either), "
                          f"got {padded_mode!r}")
+    return _combine_pairs(function, permuted_tokens, sorted_indices, probs, 1, numerics)
+
+
+def _combine_pairs(function: str, permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
+                   probs: Optional[torch.Tensor], k: int, numerics: str) -> torch.Tensor:
+    """The combine of npu_moe_token_unpermute and the dropless npu_moe_token_unpermute_with_routing_map:
+    out[i] = sum_t probs[i, t] * permuted_tokens[sorted_indices[i*K + t]] (K = probs.size(1), or k
+    without probs: k = 1 copies one row per pair), in float32 from +0 in slot order, one narrowing;
+    "atlas_a2" skips a pair whose prob is exactly 0. Arguments checked by the caller (`function`)."""
     pairs = sorted_indices.numel()
     index = int32_index(function, "sorted_indices", sorted_indices, -1, pairs,
                         "-1 or a row of permuted_tokens; rows >= its length were cut")
@@ -279,6 +290,10 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
     if rows > pairs:  # as moe_finalize_routing refuses it on the path with probs
         raise ValueError(f"{function}: permuted_tokens.size(0) must be at most N*K ({pairs}) in dropless mode, got "
                          f"{rows}")
+    if probs is None and k > 1:
+        # The rows alone, k per token: moe_finalize_routing without scales, float32 from +0 (its
+        # "ascend_950" numerics), as the A2 kernel adds them; the gradient is a copy of grad_y.
+        return renamed_errors(function, lambda: weighted_combine(permuted_tokens, index, None, k), names)
     if probs is None and rows > 0:
         # One row per pair, copied: the single-addend sum of moe_init_routing_grad (a copy, -0 kept).
         # With every row present that is its dropless scenario, whose own check refuses an index out of
@@ -297,6 +312,182 @@ def npu_moe_token_unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch
     skip_zero = numerics == "atlas_a2"
     return renamed_errors(function, lambda: weighted_combine(
         permuted_tokens, index, probs, 1, skip_zero_scales=skip_zero, grad_numerics=numerics), names)
+
+
+def _routed_slots(routing_map: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [N, E]: the slot of each routed pair (n, e) among token n's routed experts in increasing
+    id (0, 1, ...), k for an unrouted pair or a slot >= k: a scatter target whose column k is dropped."""
+    routed = routing_map != 0
+    slot = routed.long().cumsum(1) - 1
+    return torch.where(routed & (slot < k), slot, k)
+
+
+def _by_slot(values: torch.Tensor, slots: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """[N, k]: out[n, slots[n, e]] = values[n, e] for the slots below k, `fill` elsewhere (an exact scatter)."""
+    out = torch.full((values.shape[0], k + 1), fill, dtype=values.dtype, device=values.device)
+    return out.scatter_(1, slots, values)[:, :k]
+
+
+def npu_moe_token_permute_with_routing_map(tokens: torch.Tensor, routing_map: torch.Tensor, *,
+                                           probs: Optional[torch.Tensor] = None,
+                                           num_out_tokens: Optional[int] = None, drop_and_pad: bool = False,
+                                           numerics: str = "atlas_a2"):
+    """torch_npu.npu_moe_token_permute_with_routing_map (aclnnMoeTokenPermuteWithRoutingMap),
+    differentiable in tokens and probs.
+
+    Args:
+        tokens: [N, H] float32/float16/bfloat16.
+        routing_map: [N, E] bool or int8 (any integer map: nonzero = routed).
+        probs: optional [N, E] float32/float16/bfloat16, gathered along into permuted_probs.
+        num_out_tokens: int in [0, N*E]; None means N (torch_npu's default). Dropless: K =
+            num_out_tokens // N, and every token must be routed to exactly K experts (checked
+            outside torch.compile); drop_and_pad: capacity C = num_out_tokens // E, at most N.
+        drop_and_pad: each expert gets exactly C rows: its routed tokens in increasing id, padded
+            with its unrouted tokens in increasing id (Megatron-Core's drop_and_pad order).
+        numerics: accepted for uniformity; the tokens' gradient adds each token's rows in float32
+            from +0 in increasing expert order (the `sequential` order), one narrowing.
+
+    Returns:
+        (permuted_tokens [R, H] tokens' dtype, permuted_probs [R] probs' dtype or None,
+        sorted_indices int32 [R]) with R = K*N (dropless) or C*E (drop_and_pad). The rows are
+        expert-major, tokens ascending within an expert. sorted_indices: dropless pair -> row,
+        sorted_indices[i*K + t] = the row of token i's t-th routed expert (increasing id), so
+        permuted_tokens[sorted_indices[i*K + t]] = tokens[i]; drop_and_pad row -> token.
+    """
+    function = "npu_moe_token_permute_with_routing_map"
+    check_tensor(function, "tokens", tokens, (2,), FLOAT_DTYPES, " [N, H]")
+    check_routing_map(function, routing_map, probs, tokens.shape[0], {"tokens": tokens})
+    _check_numerics(function, numerics)
+    n, e = routing_map.shape
+    count = n if num_out_tokens is None else check_int(function, "num_out_tokens", num_out_tokens, minimum=0)
+    if count > n * e:
+        raise ValueError(f"{function}: num_out_tokens must be at most num_tokens * num_experts = {n * e}, got {count}")
+    if drop_and_pad:
+        k = 0  # capacity num_out_tokens // E <= N by the bound above
+    else:
+        k = count // n if n > 0 else 0
+        if reads_values(routing_map) and n > 0:
+            routed = (routing_map != 0).sum(1)
+            bad = first_true(routed != k)
+            if bad is not None:
+                raise ValueError(f"{function}: routing_map must route every token to num_out_tokens // num_tokens = "
+                                 f"{k} experts (dropless mode), got {int(routed[bad])} for token {bad}")
+    keys, rows = routing_map_keys(routing_map, k * n if not drop_and_pad else count, drop_and_pad)
+    permuted_tokens, row_idx = sorted_rows(function, tokens, keys, rows, "ascend_950", {"x": "tokens"})
+    pairs = sorted_pairs(row_idx, rows)
+    # A gather of probs at the rows' pairs (each pair once: its gradient is an exact scatter).
+    permuted_probs = None if probs is None else probs.reshape(-1).index_select(0, pairs)
+    if drop_and_pad:
+        sorted_indices = (pairs // e).to(torch.int32)
+    else:
+        # Pair (i, t) -> row: the rows of token i's routed experts, in increasing expert id.
+        sorted_indices = _by_slot(row_idx.view(n, e), _routed_slots(routing_map, k), k, -1).reshape(-1)
+    return permuted_tokens, permuted_probs, sorted_indices
+
+
+def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor,
+                                             restore_shape: Sequence[int], *, probs: Optional[torch.Tensor] = None,
+                                             routing_map: Optional[torch.Tensor] = None, drop_and_pad: bool = False,
+                                             numerics: str = "atlas_a2") -> torch.Tensor:
+    """torch_npu.npu_moe_token_unpermute_with_routing_map (aclnnMoeTokenUnpermuteWithRoutingMap),
+    differentiable in permuted_tokens and probs: out[n] = sum over token n's rows of prob * row.
+
+    Args:
+        permuted_tokens: [R, H] float32/float16/bfloat16.
+        sorted_indices: int32 (or int64) [R'], npu_moe_token_permute_with_routing_map's output.
+            Dropless: pair -> row, R' = N*K (K = R' // N), -1 skips a slot; drop_and_pad: row ->
+            token, R' = R = E*C.
+        restore_shape: [N, H], the output's shape.
+        probs: optional [N, E]. Dropless: the weight of slot (i, t) is probs[i, e] for token i's
+            t-th routed expert e of routing_map; drop_and_pad: the weight of row r is
+            probs[sorted_indices[r], r // C].
+        routing_map: [N, E]; required with probs in dropless mode, and in drop_and_pad mode when
+            probs is None (it gives E); otherwise only checked.
+        drop_and_pad: as permute's.
+        numerics: dropless as npu_moe_token_unpermute ("atlas_a2": a pair whose prob is exactly 0
+            adds nothing; "ascend_950": no skip); drop_and_pad ignores it.
+
+    Returns:
+        [N, H], permuted_tokens' dtype: acc = +0, then acc + the float32 product prob * row for each
+        of the token's rows in increasing expert order (dropless: slot order), one
+        round-to-nearest-even narrowing.
+    """
+    function = "npu_moe_token_unpermute_with_routing_map"
+    check_tensor(function, "permuted_tokens", permuted_tokens, (2,), FLOAT_DTYPES, " [R, H]")
+    check_tensor(function, "sorted_indices", sorted_indices, (1,), INDEX_DTYPES, " [R]")
+    _check_numerics(function, numerics)
+    try:
+        extents = list(restore_shape)
+    except TypeError:  # an int or None: not a shape
+        raise ValueError(f"{function}: restore_shape must be a sequence [num_tokens, hidden], got "
+                         f"{restore_shape!r}") from None
+    shape = [check_int(function, "restore_shape", extent, minimum=0) for extent in extents]
+    rows, hidden = permuted_tokens.shape
+    if len(shape) != 2 or shape[1] != hidden:
+        raise ValueError(f"{function}: restore_shape must be [num_tokens, hidden] with permuted_tokens' hidden "
+                         f"{hidden}, got {shape}")
+    n = shape[0]
+    first = {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices}
+    if routing_map is not None:
+        check_routing_map(function, routing_map, probs, n, first)
+    elif probs is not None:
+        check_tensor(function, "probs", probs, (2,), FLOAT_DTYPES, " [num_tokens, num_experts]")
+        if probs.shape[0] != n:
+            raise ValueError(f"{function}: probs must have restore_shape[0] = {n} rows, got {list(probs.shape)}")
+        check_device(function, {**first, "probs": probs})
+    else:
+        check_device(function, first)
+    slots = sorted_indices.shape[0]
+    if not drop_and_pad:
+        if (slots % n != 0) if n > 0 else (slots != 0):
+            raise ValueError(f"{function}: sorted_indices must have num_tokens * topK entries (a multiple of "
+                             f"restore_shape[0] = {n}), got {slots}")
+        if n == 0:
+            return permuted_tokens[:0]
+        k = slots // n
+        pair_probs = None
+        if probs is not None:
+            if routing_map is None:
+                raise ValueError(f"{function}: routing_map must be given with probs in dropless mode (it names each "
+                                 f"slot's expert), got None")
+            routed = routing_map != 0
+            if reads_values(routing_map):
+                bad = first_true(routed.sum(1) > k)
+                if bad is not None:
+                    raise ValueError(f"{function}: routing_map must route each token to at most topK = "
+                                     f"len(sorted_indices) // num_tokens = {k} experts, got "
+                                     f"{int(routed[bad].sum())} for token {bad}")
+            # probs of each slot (token i's t-th routed expert), 0 for a slot no expert fills.
+            where = _routed_slots(routing_map, k)
+            experts = _by_slot(torch.arange(probs.shape[1], device=probs.device).expand(n, -1), where, k, 0)
+            filled = _by_slot(routed.expand(n, -1), where, k, False)
+            pair_probs = torch.where(filled, probs.gather(1, experts), 0)
+        return _combine_pairs(function, permuted_tokens, sorted_indices, pair_probs, k, numerics)
+    if probs is not None:
+        e = probs.shape[1]
+    elif routing_map is not None:
+        e = routing_map.shape[1]
+    else:
+        raise ValueError(f"{function}: routing_map or probs must be given in drop_and_pad mode (num_experts, which "
+                         f"fixes each row's expert r // capacity, comes from them), got neither")
+    if e < 1 or slots != rows or rows % e != 0:
+        raise ValueError(f"{function}: with drop_and_pad, sorted_indices and permuted_tokens must have "
+                         f"num_experts * capacity entries (a multiple of {e}), got {slots} and {rows}")
+    capacity = rows // e
+    token = int32_index(function, "sorted_indices", sorted_indices, 0, n, "a token of restore_shape[0]").long()
+    row = torch.arange(rows, device=token.device)
+    pair = token * e + row // max(capacity, 1)
+    if reads_values(sorted_indices) and rows > 0:
+        taken = torch.zeros(n * e, dtype=torch.long, device=token.device).index_add_(0, pair, torch.ones_like(pair))
+        bad = first_true(taken[pair] > 1)
+        if bad is not None:
+            raise ValueError(f"{function}: sorted_indices[{bad}] must name a token once per expert (a permute's "
+                             f"drop_and_pad rows), got token {int(token[bad])} twice for expert {bad // capacity}")
+    # Pairs (n, e) at n*E + e, row layout with K = E; a pair with no row keeps -1 (skipped).
+    index = torch.full((n * e,), -1, dtype=torch.int32, device=token.device)
+    index = index.scatter_(0, pair, row.to(torch.int32))
+    names = {"expanded_x": "permuted_tokens", "grad_expanded_x": "permuted_tokens", "scales": "probs"}
+    return renamed_errors(function, lambda: weighted_combine(permuted_tokens, index, probs, e), names)
 
 
 def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, num_expert: int) -> torch.Tensor:

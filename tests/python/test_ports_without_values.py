@@ -23,8 +23,11 @@ def _inputs():
     _, row_idx = torch_npu.npu_moe_token_permute(x, expert_idx)
     permuted, _, sorted_indices, _, _ = permute(x, routing_map, map_probs, N * K)
     column_row_idx = torch.arange(N * K, dtype=torch.int32).view(K, N).t().contiguous()
+    _, _, pad_indices = torch_npu.npu_moe_token_permute_with_routing_map(x, routing_map, num_out_tokens=N * K,
+                                                                         drop_and_pad=True)
     return dict(x=x, expert_idx=expert_idx, probs=probs, routing_map=routing_map, map_probs=map_probs,
-                row_idx=row_idx, permuted=permuted, sorted_indices=sorted_indices, column_row_idx=column_row_idx,
+                row_idx=row_idx, permuted=permuted, pad_indices=pad_indices, sorted_indices=sorted_indices,
+                column_row_idx=column_row_idx,
                 rows=torch.randn(N * K, H, generator=g), sorted_ids=torch.sort(expert_idx.view(-1)).values)
 
 
@@ -42,6 +45,15 @@ CALLS = {
     # Rows cut: the eager path with values skips the cut pairs' indices; without values, as compiled.
     "npu_moe_token_unpermute_no_probs_cut": lambda t: torch_npu.npu_moe_token_unpermute(t["rows"][:5], t["row_idx"]),
     "npu_moe_compute_expert_tokens": lambda t: torch_npu.npu_moe_compute_expert_tokens(t["sorted_ids"], E),
+    "npu_moe_token_permute_with_routing_map": lambda t: torch_npu.npu_moe_token_permute_with_routing_map(
+        t["x"], t["routing_map"], probs=t["map_probs"], num_out_tokens=N * K),
+    "npu_moe_token_permute_with_routing_map_drop_and_pad": lambda t: torch_npu.npu_moe_token_permute_with_routing_map(
+        t["x"], t["routing_map"], num_out_tokens=N * K, drop_and_pad=True),
+    "npu_moe_token_unpermute_with_routing_map": lambda t: torch_npu.npu_moe_token_unpermute_with_routing_map(
+        t["rows"], t["row_idx"], [N, H], probs=t["map_probs"], routing_map=t["routing_map"]),
+    "npu_moe_token_unpermute_with_routing_map_drop_and_pad":
+        lambda t: torch_npu.npu_moe_token_unpermute_with_routing_map(
+        t["rows"], t["pad_indices"], [N, H], probs=t["map_probs"], routing_map=t["routing_map"], drop_and_pad=True),
     "megatron.permute": lambda t: permute(t["x"], t["routing_map"], t["map_probs"], N * K),
     "megatron.permute_batch_invariant": lambda t: permute(t["x"], t["routing_map"], None, N * K,
                                                           return_batch_invariant_inverse_map=True),

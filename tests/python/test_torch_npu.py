@@ -39,6 +39,12 @@ TORCH_NPU_SIGNATURES = {
     "npu_moe_token_unpermute": [
         ("permuted_tokens", _REQUIRED, POS), ("sorted_indices", _REQUIRED, POS), ("probs", None, POS),
         ("padded_mode", False, POS), ("restore_shape", None, POS)],
+    "npu_moe_token_permute_with_routing_map": [
+        ("tokens", _REQUIRED, POS), ("routing_map", _REQUIRED, POS), ("probs", None, KW), ("num_out_tokens", None, KW),
+        ("drop_and_pad", False, KW)],
+    "npu_moe_token_unpermute_with_routing_map": [
+        ("permuted_tokens", _REQUIRED, POS), ("sorted_indices", _REQUIRED, POS), ("restore_shape", _REQUIRED, POS),
+        ("probs", None, KW), ("routing_map", None, KW), ("drop_and_pad", False, KW)],
     "npu_moe_compute_expert_tokens": [("sorted_expert_for_source_row", _REQUIRED, POS), ("num_expert", _REQUIRED, POS)],
 }
 
@@ -722,6 +728,9 @@ INT_ARGUMENT_CASES = [
     ("npu_moe_finalize_routing", "k", True,
      lambda x, i, r, e, b: torch_npu.npu_moe_finalize_routing(r, None, None, None, None, e, None, k=b)),
     ("npu_moe_token_permute", "num_out_tokens", True, lambda x, i, r, e, b: torch_npu.npu_moe_token_permute(x, i, b)),
+    ("npu_moe_token_permute_with_routing_map", "num_out_tokens", True,
+     lambda x, i, r, e, b: torch_npu.npu_moe_token_permute_with_routing_map(
+         x, torch.zeros(4, 4, dtype=torch.bool).scatter_(1, i.long(), True), num_out_tokens=b)),
     ("npu_moe_compute_expert_tokens", "num_expert", True,
      lambda x, i, r, e, b: torch_npu.npu_moe_compute_expert_tokens(e, b)),
 ]
