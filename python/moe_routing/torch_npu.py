@@ -24,7 +24,7 @@ from typing import List, Optional, Sequence, Union
 
 import torch
 
-from ._api import moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
+from ._api import INT32_MAX, moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_routing_map, check_tensor,
                     first_true, int32_index, position, reads_values, refuse_non_ints, renamed_errors, routing_map_keys,
@@ -457,6 +457,12 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
                     raise ValueError(f"{function}: routing_map must route each token to at most topK = "
                                      f"len(sorted_indices) // num_tokens = {k} experts, got "
                                      f"{int(routed[bad].sum())} for token {bad}")
+        if k == 0 and rows == 0:
+            # No slots (a permute whose num_out_tokens was below N): every token's sum is empty, +0. As
+            # one slot per token that no row fills (-1, skipped): [N, H] zeros on the autograd graph
+            # (the combine of k = 0 slots had no token count to give, and refused probs).
+            sorted_indices, k = sorted_indices.new_full((n,), -1), 1
+        if probs is not None:
             # probs of each slot (token i's t-th routed expert), 0 for a slot no expert fills.
             where = _routed_slots(routing_map, k)
             experts = _by_slot(torch.arange(probs.shape[1], device=probs.device).expand(n, -1), where, k, 0)
@@ -477,15 +483,33 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
     token = int32_index(function, "sorted_indices", sorted_indices, 0, n, "a token of restore_shape[0]").long()
     row = torch.arange(rows, device=token.device)
     pair = token * e + row // max(capacity, 1)
-    if reads_values(sorted_indices) and rows > 0:
+    checked = reads_values(sorted_indices)
+    if checked and rows > 0:
         taken = torch.zeros(n * e, dtype=torch.long, device=token.device).index_add_(0, pair, torch.ones_like(pair))
         bad = first_true(taken[pair] > 1)
         if bad is not None:
             raise ValueError(f"{function}: sorted_indices[{bad}] must name a token once per expert (a permute's "
                              f"drop_and_pad rows), got token {int(token[bad])} twice for expert {bad // capacity}")
+    spare = 0
+    if not checked:
+        # Compiled (or no values): nothing above read the tokens. One outside [0, N) would make the scatter
+        # below write out of bounds (a device-side assert on CUDA), and a (token, expert) named twice would
+        # lose a row; such pairs go to a spare slot past the N*E, and any of them turns the whole index
+        # into INT32_MIN, which the combine refuses (as a compiled dropless call refuses a bad index).
+        if n == 0 and rows > 0:
+            raise IndexError(f"{function}: sorted_indices must be empty when restore_shape[0] is 0 (no token to "
+                             f"name), got {rows} entries")
+        valid = (token >= 0) & (token < n)
+        pair = torch.where(valid, pair, n * e)
+        taken = torch.zeros(n * e + 1, dtype=torch.long, device=token.device).index_add_(0, pair,
+                                                                                          torch.ones_like(pair))
+        refused = ((~valid) | (taken[pair] > 1)).any()
+        spare = 1
     # Pairs (n, e) at n*E + e, row layout with K = E; a pair with no row keeps -1 (skipped).
-    index = torch.full((n * e,), -1, dtype=torch.int32, device=token.device)
-    index = index.scatter_(0, pair, row.to(torch.int32))
+    index = torch.full((n * e + spare,), -1, dtype=torch.int32, device=token.device)
+    index = index.scatter_(0, pair, row.to(torch.int32))[:n * e]
+    if not checked:
+        index = torch.where(refused, -INT32_MAX - 1, index)
     names = {"expanded_x": "permuted_tokens", "grad_expanded_x": "permuted_tokens", "scales": "probs"}
     return renamed_errors(function, lambda: weighted_combine(permuted_tokens, index, probs, e), names)
 

@@ -197,6 +197,30 @@ def test_round_trip_with_unit_probs_restores_top1_tokens():
     assert_bitwise_equal(tokens, unpermute(permuted, sorted_indices, tokens.shape))
 
 
+
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_dropless_unpermute_of_a_permute_without_slots_gives_zero_tokens(with_probs):
+    """num_out_tokens below N (K = num_out_tokens // N = 0) permutes no rows; the unpermute of that (an
+    empty sorted_indices) is restore_shape's [N, H] of +0 - every token's sum is empty - on the autograd
+    graph. It returned a [0, H] tensor without probs and refused probs ("probs.size(1) (K) must be >= 1")."""
+    n, e, h = 3, 2, 4
+    routing_map = torch.zeros(n, e, dtype=torch.bool)
+    tokens = torch.randn(n, h, requires_grad=True)
+    probs = torch.rand(n, e, requires_grad=True) if with_probs else None
+    permuted, permuted_probs, sorted_indices = permute(tokens, routing_map, probs=probs, num_out_tokens=n - 1)
+    assert permuted.shape == (0, h) and sorted_indices.shape == (0,)
+    for numerics in ("atlas_a2", "ascend_950"):
+        out = unpermute(permuted, sorted_indices, [n, h], probs=probs, routing_map=routing_map, numerics=numerics)
+        assert_bitwise_equal(torch.zeros(n, h), out)
+        leaves = (tokens, probs) if with_probs else (tokens,)
+        grads = torch.autograd.grad(out, leaves, torch.ones(n, h), retain_graph=True)
+        assert_bitwise_equal(torch.zeros(n, h), grads[0])
+        if with_probs:
+            assert_bitwise_equal(torch.zeros(n, e), grads[1])
+        meta = unpermute(permuted.to("meta"), sorted_indices.to("meta"), [n, h], routing_map=routing_map.to("meta"),
+                         probs=None if probs is None else probs.detach().to("meta"))
+        assert meta.shape == (n, h) and meta.dtype == out.dtype
+
 # ---- gradients ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -281,6 +305,35 @@ def test_compiled_permute_expert_unpermute_equals_eager(drop_and_pad):
     for eager, compiled in zip(*results):
         assert_bitwise_equal(eager, compiled)
 
+
+
+@pytest.mark.parametrize("bad", ["token N", "token -1", "beyond int32", "twice for an expert"])
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_compiled_drop_and_pad_unpermute_refuses_bad_sorted_indices(bad, with_probs):
+    """Compiled code has no data checks: a drop_and_pad sorted_indices naming a token outside [0, N) was
+    scattered as is (a RuntimeError from PyTorch's scatter on the CPU, a device-side assert on CUDA), and a
+    token named twice for one expert silently lost a row. Either must reach the combine as an invalid index
+    (INT32_MIN) and be refused, as a compiled dropless call refuses one."""
+    n, e, h = 4, 3, 2
+    gen = torch.Generator().manual_seed(9)
+    tokens, routing_map, probs = permute_case(gen, torch.float32, n=n, e=e, h=h, probs_dtype=torch.float32,
+                                              drop_and_pad=True)
+    permuted, _, sorted_indices = permute(tokens, routing_map, num_out_tokens=6, drop_and_pad=True)
+    index = sorted_indices.long()
+    index[0] = {"token N": n, "token -1": -1, "beyond int32": 2**40, "twice for an expert": int(index[1])}[bad]
+
+    def combine(rows, index, probs, routing_map):
+        return unpermute(rows, index, [n, h], probs=probs, routing_map=routing_map, drop_and_pad=True)
+
+    compiled = torch.compile(combine, fullgraph=True, backend="aot_eager")
+    with pytest.raises(IndexError, match=r"^moe_finalize_routing: expanded_row_idx\[0\] must be in \[0, 6\) .*"
+                                         r"got -2147483648$"):
+        compiled(permuted, index, probs if with_probs else None, routing_map)
+    eager_error = ValueError if bad == "twice for an expert" else IndexError
+    with pytest.raises(eager_error, match=r"^npu_moe_token_unpermute_with_routing_map: sorted_indices\[0\]"):
+        combine(permuted, index, probs if with_probs else None, routing_map)
+    valid = compiled(permuted, sorted_indices, probs if with_probs else None, routing_map)
+    assert_bitwise_equal(combine(permuted, sorted_indices, probs if with_probs else None, routing_map), valid)
 
 # ---- errors ------------------------------------------------------------------------------------
 
