@@ -209,6 +209,45 @@ class _SkipZeroScales(torch.autograd.Function):
         return (grad_rows if want_rows else None), None, (grad_scales if want_scales else None), None, None
 
 
+@torch.library.custom_op("moe_routing::_port_cast", mutates_args=())
+def _port_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x.to(dtype) as an operator of its own (always a new tensor), differentiable: its backward is
+    the cast back. Where a port widens a dtype pair the combine does not take together, and narrows
+    its result (and autograd narrows the widened inputs' gradients), the narrowing must round where
+    eager rounds; torch.compile's inductor fuses a plain .to() with its neighbours (e.g. autograd's
+    addition of two float16 gradients of one tensor) and rounds once, in float32, instead
+    (torch._inductor.config.emulate_precision_casts is off by default). An operator is opaque to it."""
+    return x.to(dtype, copy=True)
+
+
+@_port_cast.register_fake
+def _port_cast_fake(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_like(x, dtype=dtype)
+
+
+def _port_cast_setup(ctx, inputs, output) -> None:
+    ctx.dtype = inputs[0].dtype
+
+
+def _port_cast_backward(ctx, grad: torch.Tensor):
+    return _port_cast(grad, ctx.dtype), None
+
+
+_port_cast.register_autograd(_port_cast_backward, setup_context=_port_cast_setup)
+
+
+@_port_cast.register_vmap
+def _port_cast_vmap(info, in_dims, x: torch.Tensor, dtype: torch.dtype):
+    return _port_cast(x, dtype), in_dims[0]
+
+
+def _exact_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x.to(dtype), rounding where eager rounds also when compiled: while torch.compile traces, the
+    opaque _port_cast; in eager mode the plain cast, which rounds there anyway (and costs no operator
+    call: ~12 us each)."""
+    return _port_cast(x, dtype) if is_compiling() else x.to(dtype)
+
+
 def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[torch.Tensor], k: int,
                      numerics: str = "ascend_950", skip_zero_scales: bool = False,
                      grad_numerics: Optional[str] = None) -> torch.Tensor:
@@ -223,7 +262,10 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
     """
     out_dtype = rows.dtype
     if scales is not None and not _native_scales(rows.dtype, scales.dtype):
-        rows, scales = rows.float(), scales.float()
+        # Widening is exact; _exact_cast makes every narrowing (the result's, and the gradients' in
+        # the backward) round where eager rounds, compiled too.
+        rows = rows if rows.dtype == torch.float32 else _exact_cast(rows, torch.float32)
+        scales = scales if scales.dtype == torch.float32 else _exact_cast(scales, torch.float32)
     if skip_zero_scales and scales is not None:
         if not is_compiling():
             # Forward mode is refused as by the operator (a Function's own jvp would stop Dynamo; its
@@ -232,7 +274,7 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
         out = _SkipZeroScales.apply(rows, index, scales, numerics, grad_numerics or numerics)
     else:
         out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)
-    return out if out.dtype == out_dtype else out.to(out_dtype)
+    return out if out.dtype == out_dtype else _exact_cast(out, out_dtype)
 
 
 def no_rows(x: torch.Tensor) -> torch.Tensor:

@@ -848,13 +848,16 @@ def test_compiled_ports_keep_the_token_count_symbolic():
 
 
 @pytest.mark.parametrize("numerics", ["atlas_a2", "ascend_950"])
-def test_token_unpermute_under_torch_func_transforms(numerics):
+@pytest.mark.parametrize("rows_dtype", [torch.float32, torch.float16])
+def test_token_unpermute_under_torch_func_transforms(numerics, rows_dtype):
     # atlas_a2's zero-prob skip is an autograd.Function: under vmap, jvp and grad it raised
     # PyTorch's "must override the setup_context staticmethod" (a method the caller never wrote),
     # where ascend_950's path batches under vmap and names the function when it refuses.
+    # float16 rows with float32 probs take the widened path (_port.weighted_combine, whose casts are
+    # an operator of their own while compiling): the same refusals, in the caller's name, and batching.
     import torch.autograd.forward_ad as fwAD
     gen = torch.Generator().manual_seed(21)
-    permuted = random_values((6, 4), torch.float32, gen)
+    permuted = random_values((6, 4), rows_dtype, gen)
     index = torch.randperm(6, generator=gen).to(I32)
     probs = torch.rand(3, 2, generator=gen)
     probs[0, 1] = 0
@@ -887,7 +890,8 @@ def test_token_unpermute_under_torch_func_transforms(numerics):
         torch.func.jacrev(lambda p: f(permuted, p))(probs)
     # Inside such a transform, a call that is not differentiated runs.
     weight = torch.ones(3, 4)
-    assert_bitwise_equal(f(permuted, probs), torch.func.grad(lambda w: (w * f(permuted, probs)).sum())(weight))
+    assert_bitwise_equal(f(permuted, probs).float(),
+                         torch.func.grad(lambda w: (w * f(permuted, probs)).sum())(weight))
 
 
 def test_a_combine_input_that_is_not_dense_is_a_value_error_naming_it():

@@ -307,6 +307,41 @@ def test_compiled_permute_expert_unpermute_equals_eager(drop_and_pad):
 
 
 
+@pytest.mark.parametrize("function", ["npu_moe_token_unpermute_with_routing_map", "npu_moe_token_unpermute"])
+def test_inductor_rounds_the_widened_pairs_narrowings_where_eager_does(function):
+    """float16 tokens with float32 probs are widened to float32 for the combine and narrowed after, in
+    the forward and (by autograd) in the backward. Inductor fused a plain narrowing with its neighbours
+    - the float16 addition after the unpermute, and autograd's addition of the two float16 gradients
+    that reach the permuted rows - and rounded once, in float32: gradients differed from eager by
+    an ulp. The casts are an operator of their own now (_port._port_cast), which inductor cannot fuse."""
+    gen = torch.Generator().manual_seed(0)
+    n, e, h = 5, 4, 8
+    routing_map = topk_map(gen, n, e, 1)
+    probs = torch.rand(n, e, generator=gen)  # float32
+
+    def layer(tokens, residual):
+        permuted, _, sorted_indices = permute(tokens, routing_map, num_out_tokens=n)
+        if function == "npu_moe_token_unpermute":
+            # The same rows through the older function: one pair per token, its prob as [N, 1].
+            pair_probs = probs.masked_select(routing_map).reshape(n, 1)
+            out = torch_npu.npu_moe_token_unpermute(permuted, sorted_indices, probs=pair_probs)
+        else:
+            out = unpermute(permuted, sorted_indices, [n, h], probs=probs, routing_map=routing_map)
+        return permuted, out + residual
+
+    tokens = random_values((n, h), torch.float16, gen)
+    residual = random_values((n, h), torch.float16, gen)
+    grads = (random_values((n, h), torch.float16, gen), random_values((n, h), torch.float16, gen))
+    results = []
+    for fn in (layer, torch.compile(layer, fullgraph=True, backend="inductor")):
+        t = tokens.clone().requires_grad_(True)
+        outputs = fn(t, residual)
+        torch.autograd.backward(outputs, grads)
+        results.append((*outputs, t.grad))
+    for eager, compiled in zip(*results):
+        assert_bitwise_equal(eager, compiled)
+
+
 @pytest.mark.parametrize("bad", ["token N", "token -1", "beyond int32", "twice for an expert"])
 @pytest.mark.parametrize("with_probs", [False, True])
 def test_compiled_drop_and_pad_unpermute_refuses_bad_sorted_indices(bad, with_probs):
