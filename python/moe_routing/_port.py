@@ -103,6 +103,18 @@ def check_int(function: str, name: str, value, minimum: Optional[int] = None):
     return value
 
 
+def shape_argument(function: str, name: str, value) -> list:
+    """A shape argument (a sequence of ints: list, tuple, torch.Size, 1-D tensor) as a list of ints >= 0;
+    an int, None or a string is not one."""
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        extents = list(value)
+    except TypeError:
+        raise ValueError(f"{function}: {name} must be a sequence [num_tokens, hidden], got {value!r}") from None
+    return [check_int(function, name, extent, minimum=0) for extent in extents]
+
+
 def refuse_non_ints(function: str, values: Dict[str, object]) -> None:
     """Nothing among these int arguments (name -> value), which the caller passes on to an operator as they
     are, that PyTorch's schema would take as another int (a bool, a floating tensor: _not_an_int): the operator

@@ -35,7 +35,7 @@ import torch
 
 from ._api import moe_init_routing_v2
 from ._port import (FLOAT_DTYPES, check_int, check_routing_map, check_tensor, first_true, reads_values,
-                    renamed_errors, routing_map_keys, sorted_pairs, sorted_rows, weighted_combine)
+                    renamed_errors, routing_map_keys, shape_argument, sorted_pairs, sorted_rows, weighted_combine)
 
 __all__ = ["permute", "unpermute"]
 
@@ -161,12 +161,7 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
     check_routing_map(function, routing_map, probs, None,
                    {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices})
     n, e = routing_map.shape
-    try:
-        extents = list(restore_shape)
-    except TypeError:  # an int or None: not a shape
-        raise ValueError(f"{function}: restore_shape must be a sequence [num_tokens, hidden], got "
-                         f"{restore_shape!r}") from None
-    shape = [check_int(function, "restore_shape", extent) for extent in extents]
+    shape = shape_argument(function, "restore_shape", restore_shape)
     if shape != [n, hidden]:
         raise ValueError(f"{function}: restore_shape must be [num_tokens, hidden] = {[n, hidden]}, got {shape}")
     if drop_and_pad and rows % e != 0:

@@ -28,7 +28,7 @@ from ._api import INT32_MAX, moe_finalize_routing, moe_init_routing, moe_init_ro
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_routing_map, check_tensor,
                     first_true, int32_index, position, reads_values, refuse_non_ints, renamed_errors, routing_map_keys,
-                    sorted_pairs, sorted_rows, weighted_combine)
+                    shape_argument, sorted_pairs, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_token_permute_with_routing_map",
@@ -416,12 +416,7 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
     check_tensor(function, "permuted_tokens", permuted_tokens, (2,), FLOAT_DTYPES, " [R, H]")
     check_tensor(function, "sorted_indices", sorted_indices, (1,), INDEX_DTYPES, " [R]")
     _check_numerics(function, numerics)
-    try:
-        extents = list(restore_shape)
-    except TypeError:  # an int or None: not a shape
-        raise ValueError(f"{function}: restore_shape must be a sequence [num_tokens, hidden], got "
-                         f"{restore_shape!r}") from None
-    shape = [check_int(function, "restore_shape", extent, minimum=0) for extent in extents]
+    shape = shape_argument(function, "restore_shape", restore_shape)
     rows, hidden = permuted_tokens.shape
     if len(shape) != 2 or shape[1] != hidden:
         raise ValueError(f"{function}: restore_shape must be [num_tokens, hidden] with permuted_tokens' hidden "

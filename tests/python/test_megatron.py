@@ -428,9 +428,10 @@ def test_errors_name_the_argument():
         unpermute(permuted, sorted_indices, tokens.shape)
     with pytest.raises(ValueError, match=r"unpermute: restore_shape must be \[num_tokens, hidden\] = \[9, 6\]"):
         unpermute(permuted, sorted_indices, (9, 5), routing_map=routing_map)
-    for not_a_shape in (9, None):  # iterating it raised TypeError: 'int' object is not iterable
+    # Iterating 9 raised TypeError: 'int' object is not iterable; "ab" was read as the extents 'a', 'b'.
+    for not_a_shape in (9, None, "ab"):
         with pytest.raises(ValueError, match=rf"unpermute: restore_shape must be a sequence \[num_tokens, hidden\], "
-                                             rf"got {not_a_shape}"):
+                                             rf"got {not_a_shape!r}"):
             unpermute(permuted, sorted_indices, not_a_shape, routing_map=routing_map)
     bad = sorted_indices.clone()
     bad[4] = (bad[4] + 1) % 9

@@ -402,6 +402,9 @@ def test_unpermute_errors_name_the_function_and_argument():
     with pytest.raises(ValueError, match=rf"^{f}: restore_shape must be \[num_tokens, hidden\] with permuted_tokens' "
                                          rf"hidden 3, got \[2, 4\]$"):
         unpermute(rows, index, [2, 4])
+    with pytest.raises(ValueError, match=rf"^{f}: restore_shape must be a sequence \[num_tokens, hidden\], "
+                                         rf"got 'ab'$"):  # was read as the extents 'a', 'b'
+        unpermute(rows, index, "ab")
     with pytest.raises(ValueError, match=rf"^{f}: sorted_indices must have num_tokens \* topK entries"):
         unpermute(rows, index, [3, 3])
     with pytest.raises(ValueError, match=rf"^{f}: routing_map or probs must be given in drop_and_pad mode"):
