@@ -254,10 +254,22 @@ def _port_cast_vmap(info, in_dims, x: torch.Tensor, dtype: torch.dtype):
 
 
 def _exact_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x.to(dtype), rounding where eager rounds also when compiled: while torch.compile traces, the
-    opaque _port_cast; in eager mode the plain cast, which rounds there anyway (and costs no operator
-    call: ~12 us each)."""
-    return _port_cast(x, dtype) if is_compiling() else x.to(dtype)
+    """x.to(dtype), rounding where eager rounds also when compiled: the opaque _port_cast while
+    torch.compile traces, and for a widening that autograd records (its backward, a narrowing, may run
+    under compiled autograd, which fuses a plain one); the plain cast otherwise (an operator call with
+    autograd costs ~30 us). torch.func's differentiating transforms are refused as the operators refuse
+    them, in moe_finalize_routing's name, which renamed_errors turns into the caller's."""
+    if is_compiling():
+        return _port_cast(x, dtype)
+    widening = torch.finfo(dtype).bits > torch.finfo(x.dtype).bits
+    if not (widening and torch.is_grad_enabled() and x.requires_grad):
+        return x.to(dtype)
+    try:
+        return _port_cast(x, dtype)
+    except RuntimeError as error:
+        if type(error) is RuntimeError and "must override the setup_context staticmethod" in str(error):
+            raise NotImplementedError(func_transform_error("moe_finalize_routing")) from None
+        raise
 
 
 def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[torch.Tensor], k: int,
@@ -273,16 +285,19 @@ def weighted_combine(rows: torch.Tensor, index: torch.Tensor, scales: Optional[t
     once to the dtype of rows: the same bits as that arithmetic on the original tensors.
     """
     out_dtype = rows.dtype
-    if scales is not None and not _native_scales(rows.dtype, scales.dtype):
+    widen = scales is not None and not _native_scales(rows.dtype, scales.dtype)
+    if (widen or skip_zero_scales) and not is_compiling():
+        # Forward mode is refused as by the operator, before what would lose a tangent on the way to
+        # it: _port_cast (an operator with no forward-mode formula) and _SkipZeroScales (a Function's
+        # own jvp would stop Dynamo; its forward runs with forward grad mode off, so the operator's own
+        # check sees no tangent).
+        refuse_forward_ad("moe_finalize_routing", (("expanded_x", rows), ("scales", scales)))
+    if widen:
         # Widening is exact; _exact_cast makes every narrowing (the result's, and the gradients' in
         # the backward) round where eager rounds, compiled too.
         rows = rows if rows.dtype == torch.float32 else _exact_cast(rows, torch.float32)
         scales = scales if scales.dtype == torch.float32 else _exact_cast(scales, torch.float32)
     if skip_zero_scales and scales is not None:
-        if not is_compiling():
-            # Forward mode is refused as by the operator (a Function's own jvp would stop Dynamo; its
-            # forward runs with forward grad mode off, so the operator's own check sees no tangent).
-            refuse_forward_ad("moe_finalize_routing", (("expanded_x", rows), ("scales", scales)))
         out = _SkipZeroScales.apply(rows, index, scales, numerics, grad_numerics or numerics)
     else:
         out = moe_finalize_routing(rows, index, scales=scales, drop_pad_mode=2, k=k, numerics=numerics)

@@ -159,7 +159,7 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
         raise ValueError(f"{function}: pad_offsets must be None (only Transformer Engine's fused permute pads; "
                          f"moe_routing's permute never does), got a tensor")
     check_routing_map(function, routing_map, probs, None,
-                   {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices})
+                      {"permuted_tokens": permuted_tokens, "sorted_indices": sorted_indices})
     n, e = routing_map.shape
     shape = shape_argument(function, "restore_shape", restore_shape)
     if shape != [n, hidden]:

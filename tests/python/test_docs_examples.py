@@ -131,6 +131,7 @@ CHECK = {
         assert b2.grad.shape == (E, H) and topk_weight.grad.shape == (N, K)
         assert grad_expanded_x.shape == (N * K, H) and grad_scales.shape == (N, K)
         assert torch.equal(grad_expanded_x, expanded_y.grad)
+        assert torch.equal(grad_scales, topk_weight.grad)  # without bias and expert_idx: up to 5 apart
         """,
     # "the forward ... equal, bit for bit, the single-device computation of the same global batch".
     ("docs/distributed.md", "import moe_routing.distributed as ep"): """
@@ -345,11 +346,19 @@ def find(name, blocks=None):
     return found[0]
 
 
+def key_in(table, block):
+    """The key of `table` that names `block` (its file, and the start of its first line), or None."""
+    for name in table:
+        if name[0] == block[0] and block[3].lstrip("\n").startswith(name[1]):
+            return name
+    return None
+
+
 def name_of(block):
     for table in (EXCLUDED, SETUP, CHECK, SH_BLOCKS, C_BLOCKS):
-        for name in table:
-            if name[0] == block[0] and block[3].lstrip("\n").startswith(name[1]):
-                return name
+        name = key_in(table, block)
+        if name is not None:
+            return name
     return None
 
 
@@ -359,6 +368,9 @@ def test_every_block_is_run_or_excluded():
         for name in table:
             find(name, blocks)
     for path, line, lang, code in blocks:
+        # A block tagged otherwise (bash, console, py, ...) would be neither run nor listed.
+        assert lang in ("python", "c", "cpp", "sh"), \
+            f"{path}:{line}: a block tagged {lang!r}; tag examples python, c, cpp or sh (or teach this test the tag)"
         if not is_covered(lang, code):
             continue
         name = name_of((path, line, lang, code))
@@ -392,14 +404,14 @@ for path, line, code in json.load(open(sys.argv[1])):
 def test_python_blocks_run(path, tmp_path):
     pieces = []
     for block in doc_blocks():
-        if block[0] != path or block[2] != "python" or name_of(block) in EXCLUDED:
+        if block[0] != path or block[2] != "python" or key_in(EXCLUDED, block) is not None:
             continue
-        name = name_of(block)
-        if name in SETUP:
-            pieces.append((f"<SETUP of {path}:{block[1]}>", 1, textwrap.dedent(SETUP[name])))
+        setup, check = key_in(SETUP, block), key_in(CHECK, block)  # each table's own key for the block
+        if setup is not None:
+            pieces.append((f"<SETUP of {path}:{block[1]}>", 1, textwrap.dedent(SETUP[setup])))
         pieces.append((block[0], block[1], block[3]))
-        if name in CHECK:
-            pieces.append((f"<CHECK of {path}:{block[1]}>", 1, textwrap.dedent(CHECK[name])))
+        if check is not None:
+            pieces.append((f"<CHECK of {path}:{block[1]}>", 1, textwrap.dedent(CHECK[check])))
     assert pieces, f"{path}: no python block"
     (tmp_path / "blocks.json").write_text(json.dumps(pieces))
     (tmp_path / "driver.py").write_text(_DRIVER)

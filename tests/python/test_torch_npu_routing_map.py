@@ -307,19 +307,29 @@ def test_compiled_permute_expert_unpermute_equals_eager(drop_and_pad):
 
 
 
-@pytest.mark.parametrize("function", ["npu_moe_token_unpermute_with_routing_map", "npu_moe_token_unpermute"])
-def test_inductor_rounds_the_widened_pairs_narrowings_where_eager_does(function):
+@pytest.mark.parametrize("mode", ["compile", "compiled_autograd"])
+@pytest.mark.parametrize("function", ["npu_moe_token_unpermute_with_routing_map", "npu_moe_token_unpermute",
+                                      "megatron.unpermute"])
+def test_inductor_rounds_the_widened_pairs_narrowings_where_eager_does(function, mode):
     """float16 tokens with float32 probs are widened to float32 for the combine and narrowed after, in
     the forward and (by autograd) in the backward. Inductor fused a plain narrowing with its neighbours
     - the float16 addition after the unpermute, and autograd's addition of the two float16 gradients
     that reach the permuted rows - and rounded once, in float32: gradients differed from eager by
-    an ulp. The casts are an operator of their own now (_port._port_cast), which inductor cannot fuse."""
+    an ulp. The casts are an operator of their own now (_port._port_cast), which inductor cannot fuse:
+    while torch.compile traces (mode "compile"), and where autograd records them, as an eager forward
+    whose backward runs under compiled autograd needs (mode "compiled_autograd")."""
+    from torch._dynamo import compiled_autograd
+    import moe_routing.megatron as megatron
     gen = torch.Generator().manual_seed(0)
     n, e, h = 5, 4, 8
     routing_map = topk_map(gen, n, e, 1)
     probs = torch.rand(n, e, generator=gen)  # float32
 
     def layer(tokens, residual):
+        if function == "megatron.unpermute":
+            permuted, _, sorted_indices, _, _ = megatron.permute(tokens, routing_map, num_out_tokens=n)
+            out = megatron.unpermute(permuted, sorted_indices, (n, h), probs=probs, routing_map=routing_map)
+            return permuted, out + residual
         permuted, _, sorted_indices = permute(tokens, routing_map, num_out_tokens=n)
         if function == "npu_moe_token_unpermute":
             # The same rows through the older function: one pair per token, its prob as [N, 1].
@@ -333,13 +343,21 @@ def test_inductor_rounds_the_widened_pairs_narrowings_where_eager_does(function)
     residual = random_values((n, h), torch.float16, gen)
     grads = (random_values((n, h), torch.float16, gen), random_values((n, h), torch.float16, gen))
     results = []
-    for fn in (layer, torch.compile(layer, fullgraph=True, backend="inductor")):
+    for compiled in (False, True):
         t = tokens.clone().requires_grad_(True)
-        outputs = fn(t, residual)
-        torch.autograd.backward(outputs, grads)
+        if compiled and mode == "compile":
+            outputs = torch.compile(layer, fullgraph=True, backend="inductor")(t, residual)
+            torch.autograd.backward(outputs, grads)
+        elif compiled:
+            outputs = layer(t, residual)
+            with compiled_autograd._enable(torch.compile(backend="inductor", fullgraph=True)):
+                torch.autograd.backward(outputs, grads)
+        else:
+            outputs = layer(t, residual)
+            torch.autograd.backward(outputs, grads)
         results.append((*outputs, t.grad))
-    for eager, compiled in zip(*results):
-        assert_bitwise_equal(eager, compiled)
+    for eager, got in zip(*results):
+        assert_bitwise_equal(eager, got)
 
 
 @pytest.mark.parametrize("bad", ["token N", "token -1", "beyond int32", "twice for an expert"])
@@ -405,6 +423,15 @@ def test_unpermute_errors_name_the_function_and_argument():
     with pytest.raises(ValueError, match=rf"^{f}: restore_shape must be a sequence \[num_tokens, hidden\], "
                                          rf"got 'ab'$"):  # was read as the extents 'a', 'b'
         unpermute(rows, index, "ab")
+    # No tokens: rows are still refused beyond the N*K = 0 slots (they were dropped and a view of
+    # permuted_tokens returned), and probs still need routing_map.
+    with pytest.raises(ValueError, match=rf"^{f}: permuted_tokens.size\(0\) must be at most N\*K \(0\) in "
+                                         rf"dropless mode, got 4$"):
+        unpermute(rows, torch.zeros(0, dtype=I32), [0, 3])
+    with pytest.raises(ValueError, match=rf"^{f}: routing_map must be given with probs in dropless mode"):
+        unpermute(rows[:0], torch.zeros(0, dtype=I32), [0, 3], probs=torch.rand(0, 3))
+    empty = unpermute(rows[:0], torch.zeros(0, dtype=I32), [0, 3])
+    assert empty.shape == (0, 3) and empty._base is None  # a new tensor, as every other path returns
     with pytest.raises(ValueError, match=rf"^{f}: sorted_indices must have num_tokens \* topK entries"):
         unpermute(rows, index, [3, 3])
     with pytest.raises(ValueError, match=rf"^{f}: routing_map or probs must be given in drop_and_pad mode"):
