@@ -398,8 +398,15 @@ def test_errors_name_the_argument():
         with pytest.raises(ValueError, match=rf"^unpermute: {name} must be on cpu \(the device of permuted_tokens\), "
                                              rf"got meta$"):
             unpermute(permuted, args[0], tokens.shape, args[1], args[2])
-    with pytest.raises(ValueError, match="permute: num_out_tokens must be given"):
-        permute(tokens, routing_map, probs)
+    # None: the routed count, as Megatron-Core v0.10 - v0.16 read it (they take the argument as optional
+    # and ignore it); it was refused. Not with drop_and_pad (the capacity), nor without values.
+    routed = int(routing_map.sum())
+    for got, want in zip(permute(tokens, routing_map, probs), permute(tokens, routing_map, probs, routed)):
+        assert (got is None and want is None) or torch.equal(got, want)
+    with pytest.raises(ValueError, match=r"^permute: num_out_tokens must be given \(drop_and_pad takes its capacity "):
+        permute(tokens, routing_map, probs, drop_and_pad=True)
+    with pytest.raises(ValueError, match=r"^permute: num_out_tokens must be given \(None reads the routed count "):
+        permute(tokens.to("meta"), routing_map.to("meta"))
     with pytest.raises(ValueError, match="permute: num_out_tokens must be >= 0, got -1"):
         permute(tokens, routing_map, probs, -1)
     with pytest.raises(ValueError, match="permute: tokens must be one of float32, float16, bfloat16, got float64"):
