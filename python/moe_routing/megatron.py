@@ -68,7 +68,9 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         routing_map: [N, E] bool (or an integer 0/1 map; nonzero = routed).
         probs: optional [N, E] float32/float16/bfloat16, gathered along into permuted_probs.
         num_out_tokens: rows to produce: an int >= 0 or a 0-dim integer tensor; None (Megatron-Core
-            v0.10 - v0.16 callers) means the routed count, in eager mode and dropless only. Dropless: the first min(num_out_tokens, N*E) rows of Megatron's order (rows past
+            v0.10 - v0.16 callers; eager mode only) means the routed pairs, dropless, as Megatron's
+            permute reads None, drop_and_pad or not. Dropless: the first min(num_out_tokens, N*E)
+            rows of Megatron's order (rows past
             the routed pairs are unrouted (expert, token) pairs, expert-major); drop_and_pad:
             capacity = num_out_tokens // E per expert.
         fused: accepted, ignored (the unfused path's results; see the module docstring).
@@ -90,15 +92,15 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
     check_tensor(function, "tokens", tokens, (2,), FLOAT_DTYPES, " [num_tokens, hidden]")
     check_routing_map(function, routing_map, probs, tokens.shape[0], {"tokens": tokens})
     if num_out_tokens is None:
-        # Megatron-Core v0.10 - v0.16 take it as optional, and their rows are the routed pairs; v0.17 and
-        # later require it. The routed count is read from routing_map's values: not while torch.compile
-        # traces, nor on tensors without values, and drop_and_pad's capacity needs the argument.
-        if drop_and_pad or not reads_values(routing_map):
-            why = ("drop_and_pad takes its capacity from it" if drop_and_pad else
-                   "None reads the routed count from routing_map, in eager mode on tensors with values only")
-            raise ValueError(f"{function}: num_out_tokens must be given ({why}; Megatron-Core's dispatchers pass "
-                             f"num_tokens * topk or the routed count), got None")
-        num_out_tokens = int(torch.count_nonzero(routing_map))
+        # Megatron-Core v0.10 - v0.16 take it as optional, and with None their permute takes the routed
+        # pairs, dropless (its drop_and_pad branch needs a count); v0.17 and later require it. The
+        # routed count is read from routing_map's values: not while torch.compile traces, nor on
+        # tensors without values.
+        if not reads_values(routing_map):
+            raise ValueError(f"{function}: num_out_tokens must be given (None reads the routed count from "
+                             f"routing_map, in eager mode on tensors with values only; Megatron-Core's "
+                             f"dispatchers pass num_tokens * topk or the routed count), got None")
+        num_out_tokens, drop_and_pad = int(torch.count_nonzero(routing_map)), False
     count = check_int(function, "num_out_tokens", num_out_tokens, minimum=0)
     if return_batch_invariant_inverse_map:
         if drop_and_pad:

@@ -27,8 +27,8 @@ import torch
 from ._api import INT32_MAX, moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_routing_map, check_tensor,
-                    first_true, int32_index, no_rows, position, reads_values, refuse_non_ints, renamed_errors,
-                    routing_map_keys, shape_argument, sorted_pairs, sorted_rows, weighted_combine)
+                    first_true, int32_index, position, reads_values, refuse_non_ints, renamed_errors, routing_map_keys,
+                    shape_argument, sorted_pairs, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_token_permute_with_routing_map",
@@ -440,12 +440,10 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
         if probs is not None and routing_map is None:
             raise ValueError(f"{function}: routing_map must be given with probs in dropless mode (it names each "
                              f"slot's expert), got None")
-        if n == 0:
-            if rows > 0:  # as _combine_pairs refuses rows beyond the N*K slots
-                raise ValueError(f"{function}: permuted_tokens.size(0) must be at most N*K (0) in dropless mode, "
-                                 f"got {rows}")
-            return no_rows(permuted_tokens)  # a new [0, H] tensor on the autograd graph
-        k = slots // n
+        if n == 0 and rows > 0:  # as _combine_pairs refuses rows beyond the N*K slots
+            raise ValueError(f"{function}: permuted_tokens.size(0) must be at most N*K (0) in dropless mode, "
+                             f"got {rows}")
+        k = slots // n if n > 0 else 0  # no tokens: no slots, as K = 0 below
         pair_probs = None
         if probs is not None:
             routed = routing_map != 0

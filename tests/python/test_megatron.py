@@ -398,13 +398,18 @@ def test_errors_name_the_argument():
         with pytest.raises(ValueError, match=rf"^unpermute: {name} must be on cpu \(the device of permuted_tokens\), "
                                              rf"got meta$"):
             unpermute(permuted, args[0], tokens.shape, args[1], args[2])
-    # None: the routed count, as Megatron-Core v0.10 - v0.16 read it (they take the argument as optional
-    # and ignore it); it was refused. Not with drop_and_pad (the capacity), nor without values.
-    routed = int(routing_map.sum())
-    for got, want in zip(permute(tokens, routing_map, probs), permute(tokens, routing_map, probs, routed)):
-        assert (got is None and want is None) or torch.equal(got, want)
-    with pytest.raises(ValueError, match=r"^permute: num_out_tokens must be given \(drop_and_pad takes its capacity "):
-        permute(tokens, routing_map, probs, drop_and_pad=True)
+    # None: the routed pairs, dropless, as Megatron-Core's permute reads None (v0.10 - v0.16 take the
+    # argument as optional; with None its drop_and_pad branch is skipped); it was refused. An integer
+    # map's nonzero entries are its routed pairs (2 and -1 count once each), not its sum. Not without
+    # values.
+    int_map = routing_map.to(torch.int8) * torch.randint(1, 3, routing_map.shape, dtype=torch.int8)
+    int_map[int_map == 2] = -1 if int_map.numel() > 0 else 0
+    routed = int(routing_map.count_nonzero())
+    assert int(int_map.sum()) != routed  # the test tells the count from the sum
+    for flag in (False, True):
+        for got, want in zip(permute(tokens, int_map, probs, drop_and_pad=flag),
+                             permute(tokens, routing_map, probs, routed)):
+            assert (got is None and want is None) or torch.equal(got, want)
     with pytest.raises(ValueError, match=r"^permute: num_out_tokens must be given \(None reads the routed count "):
         permute(tokens.to("meta"), routing_map.to("meta"))
     with pytest.raises(ValueError, match="permute: num_out_tokens must be >= 0, got -1"):

@@ -432,6 +432,12 @@ def test_unpermute_errors_name_the_function_and_argument():
         unpermute(rows[:0], torch.zeros(0, dtype=I32), [0, 3], probs=torch.rand(0, 3))
     empty = unpermute(rows[:0], torch.zeros(0, dtype=I32), [0, 3])
     assert empty.shape == (0, 3) and empty._base is None  # a new tensor, as every other path returns
+    # ... and on the autograd graph of probs too (only the tokens were: autograd.grad refused probs).
+    tokens0, probs0 = torch.zeros(0, 3, requires_grad=True), torch.zeros(0, 2, requires_grad=True)
+    out0 = unpermute(tokens0, torch.zeros(0, dtype=I32), [0, 3], probs=probs0,
+                     routing_map=torch.zeros(0, 2, dtype=torch.bool))
+    grads = torch.autograd.grad(out0.sum(), (tokens0, probs0))
+    assert grads[0].shape == (0, 3) and grads[1].shape == (0, 2)
     with pytest.raises(ValueError, match=rf"^{f}: sorted_indices must have num_tokens \* topK entries"):
         unpermute(rows, index, [3, 3])
     with pytest.raises(ValueError, match=rf"^{f}: routing_map or probs must be given in drop_and_pad mode"):
