@@ -321,6 +321,20 @@ def sorted_rows(function, x, keys, rows, numerics, names):
 
 # ---- routing maps ([N, E], nonzero = routed): Megatron-Core's permute and torch_npu's routing-map pair ----
 
+def routed_slots(routing_map: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [N, E]: the slot of each routed pair (n, e) among token n's routed experts in increasing
+    id (0, 1, ...), k for an unrouted pair or a slot >= k: a scatter target whose column k is dropped."""
+    routed = routing_map != 0
+    slot = routed.long().cumsum(1) - 1
+    return torch.where(routed & (slot < k), slot, k)
+
+
+def by_slot(values: torch.Tensor, slots: torch.Tensor, k: int, fill) -> torch.Tensor:
+    """[N, k]: out[n, slots[n, e]] = values[n, e] for the slots below k, `fill` elsewhere (an exact scatter)."""
+    out = torch.full((values.shape[0], k + 1), fill, dtype=values.dtype, device=values.device)
+    return out.scatter_(1, slots, values)[:, :k]
+
+
 MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 
 

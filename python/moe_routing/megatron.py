@@ -34,8 +34,9 @@ from typing import Optional, Sequence
 import torch
 
 from ._api import moe_init_routing_v2
-from ._port import (FLOAT_DTYPES, check_int, check_routing_map, check_tensor, first_true, reads_values,
-                    renamed_errors, routing_map_keys, shape_argument, sorted_pairs, sorted_rows, weighted_combine)
+from ._port import (FLOAT_DTYPES, by_slot, check_int, check_routing_map, check_tensor, first_true, reads_values,
+                    renamed_errors, routed_slots, routing_map_keys, shape_argument, sorted_pairs, sorted_rows,
+                    weighted_combine)
 
 __all__ = ["permute", "unpermute"]
 
@@ -47,14 +48,11 @@ def _inverse_map(routing_map: torch.Tensor, pairs: torch.Tensor, num_out_tokens:
     if n == 0:
         return torch.empty((2, 0, 0), dtype=torch.long, device=pairs.device)
     topk = num_out_tokens // n
-    token, expert = pairs // e, pairs % e
-    slot = ((routing_map != 0).long().cumsum(1) - 1)[token, expert]
-    where = token * topk + slot
-    rows = torch.full((n * topk,), -1, dtype=torch.long, device=pairs.device)
-    experts = torch.full((n * topk,), -1, dtype=torch.long, device=pairs.device)
-    rows.scatter_(0, where, torch.arange(pairs.numel(), device=pairs.device))
-    experts.scatter_(0, where, expert)
-    return torch.stack((rows.view(n, topk), experts.view(n, topk)))
+    slots = routed_slots(routing_map, topk)
+    row_of_pair = torch.full((n * e,), -1, dtype=torch.long, device=pairs.device)
+    row_of_pair.scatter_(0, pairs, torch.arange(pairs.numel(), device=pairs.device))
+    expert = torch.arange(e, device=pairs.device).expand(n, e)
+    return torch.stack((by_slot(row_of_pair.view(n, e), slots, topk, -1), by_slot(expert, slots, topk, -1)))
 
 
 def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[torch.Tensor] = None,

@@ -27,8 +27,8 @@ import torch
 from ._api import INT32_MAX, moe_finalize_routing, moe_init_routing, moe_init_routing_grad, moe_init_routing_v2
 from ._fake import _check_numerics
 from ._port import (FLOAT_DTYPES, INDEX_DTYPES, check_device, check_int, check_routing_map, check_tensor,
-                    first_true, int32_index, position, reads_values, refuse_non_ints, renamed_errors, routing_map_keys,
-                    shape_argument, sorted_pairs, sorted_rows, weighted_combine)
+                    by_slot, first_true, int32_index, position, reads_values, refuse_non_ints, renamed_errors,
+                    routed_slots, routing_map_keys, shape_argument, sorted_pairs, sorted_rows, weighted_combine)
 
 __all__ = ["npu_moe_init_routing", "npu_moe_init_routing_v2", "npu_moe_finalize_routing", "npu_moe_token_permute",
            "npu_moe_token_unpermute", "npu_moe_token_permute_with_routing_map",
@@ -314,20 +314,6 @@ def _combine_pairs(function: str, permuted_tokens: torch.Tensor, sorted_indices:
         permuted_tokens, index, probs, 1, skip_zero_scales=skip_zero, grad_numerics=numerics), names)
 
 
-def _routed_slots(routing_map: torch.Tensor, k: int) -> torch.Tensor:
-    """int64 [N, E]: the slot of each routed pair (n, e) among token n's routed experts in increasing
-    id (0, 1, ...), k for an unrouted pair or a slot >= k: a scatter target whose column k is dropped."""
-    routed = routing_map != 0
-    slot = routed.long().cumsum(1) - 1
-    return torch.where(routed & (slot < k), slot, k)
-
-
-def _by_slot(values: torch.Tensor, slots: torch.Tensor, k: int, fill) -> torch.Tensor:
-    """[N, k]: out[n, slots[n, e]] = values[n, e] for the slots below k, `fill` elsewhere (an exact scatter)."""
-    out = torch.full((values.shape[0], k + 1), fill, dtype=values.dtype, device=values.device)
-    return out.scatter_(1, slots, values)[:, :k]
-
-
 def npu_moe_token_permute_with_routing_map(tokens: torch.Tensor, routing_map: torch.Tensor, *,
                                            probs: Optional[torch.Tensor] = None,
                                            num_out_tokens: Optional[int] = None, drop_and_pad: bool = False,
@@ -381,7 +367,7 @@ def npu_moe_token_permute_with_routing_map(tokens: torch.Tensor, routing_map: to
         sorted_indices = (pairs // e).to(torch.int32)
     else:
         # Pair (i, t) -> row: the rows of token i's routed experts, in increasing expert id.
-        sorted_indices = _by_slot(row_idx.view(n, e), _routed_slots(routing_map, k), k, -1).reshape(-1)
+        sorted_indices = by_slot(row_idx.view(n, e), routed_slots(routing_map, k), k, -1).reshape(-1)
     return permuted_tokens, permuted_probs, sorted_indices
 
 
@@ -460,9 +446,9 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
             sorted_indices, k = sorted_indices.new_full((n,), -1), 1
         if probs is not None:
             # probs of each slot (token i's t-th routed expert), 0 for a slot no expert fills.
-            where = _routed_slots(routing_map, k)
-            experts = _by_slot(torch.arange(probs.shape[1], device=probs.device).expand(n, -1), where, k, 0)
-            filled = _by_slot(routed.expand(n, -1), where, k, False)
+            where = routed_slots(routing_map, k)
+            experts = by_slot(torch.arange(probs.shape[1], device=probs.device).expand(n, -1), where, k, 0)
+            filled = by_slot(routed.expand(n, -1), where, k, False)
             pair_probs = torch.where(filled, probs.gather(1, experts), 0)
         return _combine_pairs(function, permuted_tokens, sorted_indices, pair_probs, k, numerics)
     if probs is not None:
