@@ -224,7 +224,7 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
     bias_kernel = &avx512::finalize_grad_bias;
   }
 #endif
-  FinalizeGradKernelArgs args{p, 0, 0, false, false, row_order};
+  FinalizeGradKernelArgs args{p, 0, 0, false, false, false, row_order};
   // Reads: grad_y once, and expanded_x's rows where given. Saturated: with no rows, H may be any
   // size (grad_y [0, H] holds no byte).
   const int64_t row_bytes = detail::saturating_mul(H, element);
@@ -233,6 +233,7 @@ void moe_finalize_routing_grad(detail::FinalizeRoutingGradProblem p, int num_thr
       output_bytes, detail::saturating_add(detail::saturating_mul(N, row_bytes),
                                            p.expanded_x != nullptr ? output_bytes : 0));
   args.prefetch = output_bytes >= detail::streaming_store_threshold() / 2;
+  args.request_pages = args.prefetch && detail::cpu_tuning() == detail::CpuTuning::amd_zen4;
   detail::parallel_for(R, threads.rows,
                        [&](int64_t begin, int64_t end) { rows_kernel(args, begin, end); });
   if (p.grad_bias == nullptr || E == 0) return;

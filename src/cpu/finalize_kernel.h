@@ -58,6 +58,7 @@ struct FinalizeGradKernelArgs {
   int64_t bias_tiles_per_row;
   bool stream_output;        // write grad_expanded_x with non-temporal stores
   bool prefetch;             // request grad_y's lines ahead (rows far larger than the caches)
+  bool request_pages;        // with prefetch on AMD Zen 4: the pages of rows two runs ahead
   const int32_t* row_order;  // [R]: the rows of grad_expanded_x in the order threads visit them
 };
 

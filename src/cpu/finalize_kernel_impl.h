@@ -533,6 +533,33 @@ void sum_pairs_row(const FinalizeRoutingGradProblem& p, const int32_t* pairs, in
 /// with AVX2 a tie.
 constexpr int64_t kFinalizeRowsInterleaved = 4;
 
+/// With FinalizeGradKernelArgs::request_pages (AMD Zen 4), the row loop requests one line of
+/// every 4 KiB page of the rows kFinalizePagesAheadRuns runs of kFinalizeRowsInterleaved rows
+/// ahead in the visit order: of their expanded_x rows into L2, of their grad_expanded_x rows with
+/// the non-temporal hint. The rows lie scattered over hundreds of MB of 4 KiB pages (a row of
+/// H = 2048 bf16 that starts 64 bytes past a page, as PyTorch's and the bench's do, spans two), and
+/// the line requests of the run ahead (kFinalizeNextRowHint) met missing page translations: a
+/// request that has to wait for a page walk is worth little. With the walks started a run
+/// earlier, those requests find the translations, and the output's first stores too. Measured on
+/// a Zen 4 VM (bf16 with float32 scales, K = 8, two threads, out= outputs on 4 KiB pages, five
+/// alternating rounds of `moe-routing bench` against the kernels before): 0.81-0.94 of the time
+/// by the median of the per-round ratios in all six training rows (H = 2048-7168, 1024 and 4096
+/// tokens). Every page rather than each row's first and last line only: 3-7 % less time at
+/// H = 4096-7168 and 4096 tokens, within 2 % elsewhere; three runs ahead: no better than two;
+/// expanded_x's rows alone: no gain (-7 % to +9 %). On an Intel VM the output's pages alone,
+/// requested with prefetcht1 or prefetchw, had cost 4-10 %; this form is not measured there, so
+/// only Zen 4 takes it (docs/PERFORMANCE.md, "Page translations two runs ahead").
+constexpr int64_t kFinalizePagesAheadRuns = 2;
+constexpr int64_t kPageBytes = 4096;
+
+/// Requests one line of every page that the `bytes` (> 0) from `row` touch, with the hint Hint.
+template <int Hint>
+inline void request_pages(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t b = 0; b < bytes; b += kPageBytes) __builtin_prefetch(p + b, 0, Hint);
+  __builtin_prefetch(p + bytes - 1, 0, Hint);  // the last page, where the row starts past one
+}
+
 /// The atlas_a2 order of grad_scales, for `rows` (1..kFinalizeRowsInterleaved) pairs at once:
 /// chunks of p.chunk products; in each, a 512-lane adjacent-pair tree per group of 512 (missing
 /// lanes +0; `group(k, g0, n)` is pair k's tree of the n columns from g0), the group sums added in
@@ -681,7 +708,19 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
     return pairs_of(r) == 1 && p.grad_scales != nullptr && p.tree_order &&
            (!args.stream_output || stream_aligned<Ops>(grad_expanded_x + r * H));
   };
+  const int64_t row_bytes = H * int64_t(sizeof(S));
+  int64_t pages_requested = row_begin;  // the visit order's rows whose pages were requested
   for (int64_t i = row_begin; i < row_end;) {
+    if (args.request_pages) {
+      const int64_t ahead = i + (kFinalizePagesAheadRuns + 1) * kFinalizeRowsInterleaved;
+      for (const int64_t until = ahead < row_end ? ahead : row_end; pages_requested < until;
+           ++pages_requested) {
+        const int64_t r = args.row_order[pages_requested];
+        if (expanded_x != nullptr)
+          request_pages<kFinalizeNextRowHint>(expanded_x + r * H, row_bytes);
+        request_pages<0>(grad_expanded_x + r * H, row_bytes);
+      }
+    }
     // This step: a run of up to kFinalizeRowsInterleaved one-pass rows, or one other row.
     int64_t run = 0;
     while (run < kFinalizeRowsInterleaved && i + run < row_end && one_pass(i + run)) ++run;

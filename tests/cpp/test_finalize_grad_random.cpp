@@ -73,6 +73,26 @@ TEST(FinalizeGradRandom, EveryOptionStreamedAndPrefetchedMatchesTheReference) {
   expect_every_option_matches(rng);
 }
 
+TEST(FinalizeGradRandom, ZenFourPageRequestsMatchTheReference) {
+  // On AMD Zen 4 each step of the row loop also requests the pages of the rows two runs ahead
+  // (a tuning changes no bit): every option, streamed and prefetched, split among threads, and
+  // rows of 2048 and 7168 columns (two to five pages each) in runs well past that distance.
+  testing::StreamingThresholdOverride small(1);
+  testing::CpuTuningOverride zen4(detail::CpuTuning::amd_zen4);
+  testing::EveryJobSplitIntoPieces pieces;
+  testing::Random rng(40961);
+  expect_every_option_matches(rng);
+  for (int64_t h : {2048, 7168})
+    for (const testing::DtypeVariant& d : testing::kFinalizeDtypes)
+      for (int64_t mode = 0; mode < 2; ++mode) {
+        GradOptions o;
+        o.bias = mode == 0, o.mixed_scales = d.mixed_scales, o.drop_fraction = 0.1;
+        FinalizeGradCase c =
+            testing::make_finalize_grad_case(rng, d.dtype, mode, Numerics::atlas_a2, o, 16, 8, h);
+        expect_all_runners_match(c);
+      }
+}
+
 TEST(FinalizeGradRandom, EveryOptionSplitAcrossThreadsMatchesTheReference) {
   // The rows are visited in an order of their own (the rows of one pair in pair order, the empty
   // and shared rows spread among them) and split into contiguous shares of it: every option, its
