@@ -1,6 +1,7 @@
 // Which measured tuning the CPU kernels take on this CPU: where the best prefetch policy was found
-// to differ between microarchitectures (docs/PERFORMANCE.md, "On an AMD Zen 4 VM"). A tuning
-// changes only when lines are requested, never a bit of a result.
+// to differ between microarchitectures (docs/PERFORMANCE.md, "On an AMD Zen 4 VM" and "Page
+// translations two runs ahead"). A tuning changes only when lines are requested, never a bit of a
+// result.
 #pragma once
 
 namespace moe_routing::detail {

@@ -545,18 +545,19 @@ constexpr int64_t kFinalizeRowsInterleaved = 4;
 /// alternating rounds of `moe-routing bench` against the kernels before): 0.81-0.94 of the time
 /// by the median of the per-round ratios in all six training rows (H = 2048-7168, 1024 and 4096
 /// tokens). Every page rather than each row's first and last line only: 3-7 % less time at
-/// H = 4096-7168 and 4096 tokens, within 2 % elsewhere; three runs ahead: no better than two;
-/// expanded_x's rows alone: no gain (-7 % to +9 %). On an Intel VM the output's pages alone,
-/// requested with prefetcht1 or prefetchw, had cost 4-10 %; this form is not measured there, so
-/// only Zen 4 takes it (docs/PERFORMANCE.md, "Page translations two runs ahead").
+/// H = 4096-7168 and 4096 tokens, within 2.5 % elsewhere; three runs ahead (first and last lines
+/// only): -5 % to +3 % against two; expanded_x's rows alone: no gain (-7 % to +10 %). On an Intel
+/// VM the output's pages alone, requested with prefetcht1 or prefetchw, had cost 4-10 %; this form
+/// is not measured there, so only Zen 4 takes it (docs/PERFORMANCE.md, "Page translations two runs
+/// ahead").
 constexpr int64_t kFinalizePagesAheadRuns = 2;
-constexpr int64_t kPageBytes = 4096;
+constexpr int64_t kFinalizePageBytes = 4096;
 
 /// Requests one line of every page that the `bytes` (> 0) from `row` touch, with the hint Hint.
 template <int Hint>
-inline void request_pages(const void* row, int64_t bytes) {
+inline void request_row_pages(const void* row, int64_t bytes) {
   const char* p = static_cast<const char*>(row);
-  for (int64_t b = 0; b < bytes; b += kPageBytes) __builtin_prefetch(p + b, 0, Hint);
+  for (int64_t b = 0; b < bytes; b += kFinalizePageBytes) __builtin_prefetch(p + b, 0, Hint);
   __builtin_prefetch(p + bytes - 1, 0, Hint);  // the last page, where the row starts past one
 }
 
@@ -690,7 +691,7 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
   const FinalizeRoutingGradProblem& p = args.problem;
   const int64_t H = p.hidden;
   const S* gy = static_cast<const S*>(p.grad_y);
-  const S* expanded_x = static_cast<const S*>(p.expanded_x);  // null without grad_scales
+  const S* expanded_x = static_cast<const S*>(p.expanded_x);  // may be null without grad_scales
   S* grad_expanded_x = static_cast<S*>(p.grad_expanded_x);
   auto pairs_of = [&](int64_t r) { return p.row_offsets[r + 1] - p.row_offsets[r]; };
   auto grad_y_row = [&](int64_t q) { return gy + (q / p.top_k) * H; };
@@ -717,8 +718,8 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
            ++pages_requested) {
         const int64_t r = args.row_order[pages_requested];
         if (expanded_x != nullptr)
-          request_pages<kFinalizeNextRowHint>(expanded_x + r * H, row_bytes);
-        request_pages<0>(grad_expanded_x + r * H, row_bytes);
+          request_row_pages<kFinalizeNextRowHint>(expanded_x + r * H, row_bytes);
+        request_row_pages<0>(grad_expanded_x + r * H, row_bytes);
       }
     }
     // This step: a run of up to kFinalizeRowsInterleaved one-pass rows, or one other row.
@@ -730,7 +731,7 @@ void grad_rows(const FinalizeGradKernelArgs& args, int64_t row_begin, int64_t ro
       const int lines = args.prefetch ? int(kFinalizePrefetchBytes / 64) : kFinalizePrefetchLines;
       // A run's rows request the next run's expanded_x rows into L2 as their columns go.
       const bool x_lines = args.prefetch && expanded_x != nullptr && run == 0;
-      for (int l = 0; l < lines && 64 * l < H * int64_t(sizeof(S)); ++l) {
+      for (int l = 0; l < lines && 64 * l < row_bytes; ++l) {
         if (pairs_of(rn) > 0)
           __builtin_prefetch(
               reinterpret_cast<const char*>(grad_y_row(p.row_pairs[p.row_offsets[rn]])) + 64 * l, 0,
