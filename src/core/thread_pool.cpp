@@ -210,17 +210,24 @@ Status check_num_threads(const char* function, int64_t num_threads, const char* 
   return Status::ok();
 }
 
-int num_threads_from_env(const char* text, int fallback) {
-  if (text == nullptr) return fallback;
+NumThreadsSetting read_num_threads_setting(const char* text) {
+  using Kind = NumThreadsSetting::Kind;
+  if (text == nullptr) return {Kind::unset, 0};
   const EnvNumber number = parse_env_number(text);
-  if (!number.valid || number.value < 0) {
+  if (!number.valid || number.value < 0) return {Kind::invalid, 0};
+  if (number.value == 0) return {Kind::every_core, 0};
+  if (number.value > kMaxNumThreads) return {Kind::capped, kMaxNumThreads};
+  return {Kind::set, int(number.value)};
+}
+
+int num_threads_from_env(const char* text, int fallback) {
+  const NumThreadsSetting setting = read_num_threads_setting(text);
+  if (setting.kind == NumThreadsSetting::Kind::invalid) {
     const std::string instead = "the default (every core: " + std::to_string(fallback) + ")";
     warn_env_ignored("MOE_ROUTING_NUM_THREADS", "a whole number >= 0 (0: every core)", text,
                      instead.c_str());
-    return fallback;
   }
-  if (number.value == 0) return fallback;
-  return number.value > kMaxNumThreads ? kMaxNumThreads : int(number.value);
+  return setting.threads > 0 ? setting.threads : fallback;
 }
 
 int threads_for_bytes(int threads, int64_t bytes) {

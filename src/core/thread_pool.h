@@ -21,10 +21,25 @@ int resolve_num_threads(int requested);
 /// `zero` says what 0 means to the caller ("restores the default", "uses the library default").
 Status check_num_threads(const char* function, int64_t num_threads, const char* zero);
 
-/// The library default a MOE_ROUTING_NUM_THREADS value gives: a whole number >= 1 (read as
-/// core/environment.h reads every variable: surrounding blanks allowed), at most kMaxNumThreads
-/// (larger ones give kMaxNumThreads); 0 and null (unset) give `fallback`; anything else gives
-/// `fallback` with a warning on stderr that names the variable and the value.
+/// What a MOE_ROUTING_NUM_THREADS value means, read as core/environment.h reads every variable
+/// (surrounding blanks allowed), with nothing written: the one reading that the library's default
+/// (num_threads_from_env) and `moe-routing info`'s description of it share.
+struct NumThreadsSetting {
+  enum class Kind {
+    unset,       // null: every core
+    invalid,     // not a whole number >= 0: ignored, every core
+    every_core,  // 0
+    capped,      // more than kMaxNumThreads: kMaxNumThreads
+    set,         // 1 .. kMaxNumThreads
+  };
+  Kind kind = Kind::unset;
+  int threads = 0;  // capped and set: the thread count it gives; else 0
+};
+NumThreadsSetting read_num_threads_setting(const char* text);
+
+/// The library default a MOE_ROUTING_NUM_THREADS value gives: its threads where capped or set,
+/// else `fallback`; an invalid value also writes a warning on stderr that names the variable and
+/// the value.
 int num_threads_from_env(const char* text, int fallback);
 
 /// Thrown by reserve_threads when the system refuses to start a worker thread (std::thread's

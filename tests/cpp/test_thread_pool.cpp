@@ -148,6 +148,30 @@ TEST(ThreadPool, AnIgnoredThreadVariableWarns) {
   }
 }
 
+// The one reading of the variable that the default and `moe-routing info` share: what each value
+// means, with nothing written (an invalid value's warning is num_threads_from_env's).
+TEST(ThreadPool, TheThreadVariablesReadingSaysWhatEachValueMeans) {
+  using Kind = detail::NumThreadsSetting::Kind;
+  struct Case {
+    const char* text;
+    Kind kind;
+    int threads;
+  };
+  for (const Case& c :
+       {Case{nullptr, Kind::unset, 0}, Case{"4x", Kind::invalid, 0}, Case{"", Kind::invalid, 0},
+        Case{"-1", Kind::invalid, 0}, Case{"0", Kind::every_core, 0},
+        Case{" 0 ", Kind::every_core, 0}, Case{"1", Kind::set, 1}, Case{"+04", Kind::set, 4},
+        Case{"1024", Kind::set, kMaxNumThreads}, Case{"1025", Kind::capped, kMaxNumThreads},
+        Case{"99999999999999999999", Kind::capped, kMaxNumThreads}}) {
+    const char* shown = c.text != nullptr ? c.text : "(unset)";
+    ::testing::internal::CaptureStderr();
+    const detail::NumThreadsSetting setting = detail::read_num_threads_setting(c.text);
+    EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << shown;
+    EXPECT_EQ(setting.kind, c.kind) << shown;
+    EXPECT_EQ(setting.threads, c.threads) << shown;
+  }
+}
+
 // The byte estimates' arithmetic: exact up to INT64_MAX inclusive, INT64_MAX beyond it (a fuzz
 // input, finalize with no rows and top_k near 2^63, once overflowed a plain product).
 TEST(ThreadPool, SaturatingArithmeticStopsAtInt64Max) {

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "commands.h"
-#include "core/environment.h"
 #include "core/memory_hints.h"
 #include "core/thread_pool.h"
 #include "moe_routing/moe_routing.hpp"
@@ -58,15 +57,15 @@ class InfoCommand : public Command {
   /// invalid value is ignored, a large one capped: core/thread_pool.h), or every core.
   static std::string threads_source() {
     const char* env = std::getenv("MOE_ROUTING_NUM_THREADS");
-    if (env == nullptr) return " (every core; set MOE_ROUTING_NUM_THREADS to change)";
-    const std::string set = "MOE_ROUTING_NUM_THREADS=" + std::string(env);
-    // Read as the library read it (core/environment.h), without its warning a second time.
-    const detail::EnvNumber value = detail::parse_env_number(env);
-    if (!value.valid || value.value < 0)
-      return " (every core; " + set + " ignored: not a whole number >= 0)";
-    if (value.value == 0) return " (every core: " + set + ")";
-    if (value.value > kMaxNumThreads)
-      return " (" + set + " capped at " + std::to_string(kMaxNumThreads) + ")";
+    const std::string set = env != nullptr ? "MOE_ROUTING_NUM_THREADS=" + std::string(env) : "";
+    using Kind = detail::NumThreadsSetting::Kind;
+    switch (detail::read_num_threads_setting(env).kind) {
+      case Kind::unset: return " (every core; set MOE_ROUTING_NUM_THREADS to change)";
+      case Kind::invalid: return " (every core; " + set + " ignored: not a whole number >= 0)";
+      case Kind::every_core: return " (every core: " + set + ")";
+      case Kind::capped: return " (" + set + " capped at " + std::to_string(kMaxNumThreads) + ")";
+      case Kind::set: break;
+    }
     return " (" + set + ")";
   }
 };
