@@ -37,7 +37,13 @@ def reads_values(*tensors) -> bool:
     never read as a wrong row)."""
     if is_compiling():
         return False
-    return not any(isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t)) for t in tensors)
+    return not any(isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t) or is_batched(t)) for t in tensors)
+
+
+def is_batched(t: torch.Tensor) -> bool:
+    """Whether t is torch.func.vmap's batched wrapper, whose values no host check can read (each
+    sample's operator call still checks its own index, as under torch.compile)."""
+    return torch._C._functorch.is_batchedtensor(t)
 
 
 def renamed_errors(function: str, call, names: Optional[Dict[str, str]] = None):
@@ -332,7 +338,7 @@ def routed_slots(routing_map: torch.Tensor, k: int) -> torch.Tensor:
 def by_slot(values: torch.Tensor, slots: torch.Tensor, k: int, fill) -> torch.Tensor:
     """[N, k]: out[n, slots[n, e]] = values[n, e] for the slots below k, `fill` elsewhere (an exact scatter)."""
     out = torch.full((values.shape[0], k + 1), fill, dtype=values.dtype, device=values.device)
-    return out.scatter_(1, slots, values)[:, :k]
+    return out.scatter(1, slots, values)[:, :k]
 
 
 MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -388,6 +394,7 @@ def sorted_pairs(row_idx: torch.Tensor, rows: int) -> torch.Tensor:
     """The flat pair n*E + e of each of the first `rows` sorted rows: the inverse of the sort's
     pair -> row permutation (int64)."""
     pairs = row_idx.numel()
+    # Out of place, as every scatter of the permutes: torch.func.vmap batches it (it has no rule
+    # for an in-place scatter into an unbatched tensor).
     inverse = torch.empty(pairs, dtype=torch.long, device=row_idx.device)
-    inverse.scatter_(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))
-    return inverse[:rows]
+    return inverse.scatter(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))[:rows]

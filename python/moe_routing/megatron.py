@@ -50,7 +50,7 @@ def _inverse_map(routing_map: torch.Tensor, pairs: torch.Tensor, num_out_tokens:
     topk = num_out_tokens // n
     slots = routed_slots(routing_map, topk)
     row_of_pair = torch.full((n * e,), -1, dtype=torch.long, device=pairs.device)
-    row_of_pair.scatter_(0, pairs, torch.arange(pairs.numel(), device=pairs.device))
+    row_of_pair = row_of_pair.scatter(0, pairs, torch.arange(pairs.numel(), device=pairs.device))
     expert = torch.arange(e, device=pairs.device).expand(n, e)
     return torch.stack((by_slot(row_of_pair.view(n, e), slots, topk, -1), by_slot(expert, slots, topk, -1)))
 
@@ -96,7 +96,7 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         # tensors without values.
         if not reads_values(routing_map):
             raise ValueError(f"{function}: num_out_tokens must be given (None reads the routed count from "
-                             f"routing_map, in eager mode on tensors with values only; Megatron-Core's "
+                             f"routing_map, in eager mode on tensors with values only, not under torch.func.vmap; Megatron-Core's "
                              f"dispatchers pass num_tokens * topk or the routed count), got None")
         num_out_tokens, drop_and_pad = int(torch.count_nonzero(routing_map)), False
     count = check_int(function, "num_out_tokens", num_out_tokens, minimum=0)

@@ -483,13 +483,13 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
                              f"name), got {rows} entries")
         valid = (token >= 0) & (token < n)
         pair = torch.where(valid, pair, n * e)
-        taken = torch.zeros(n * e + 1, dtype=torch.long, device=token.device).index_add_(0, pair,
-                                                                                          torch.ones_like(pair))
+        taken = torch.zeros(n * e + 1, dtype=torch.long, device=token.device).index_add(0, pair,
+                                                                                         torch.ones_like(pair))
         refused = ((~valid) | (taken[pair] > 1)).any()
         spare = 1
     # Pairs (n, e) at n*E + e, row layout with K = E; a pair with no row keeps -1 (skipped).
     index = torch.full((n * e + spare,), -1, dtype=torch.int32, device=token.device)
-    index = index.scatter_(0, pair, row.to(torch.int32))[:n * e]
+    index = index.scatter(0, pair, row.to(torch.int32))[:n * e]  # out of place: vmap batches it
     if not checked:
         index = torch.where(refused, -INT32_MAX - 1, index)
     names = {"expanded_x": "permuted_tokens", "grad_expanded_x": "permuted_tokens", "scales": "probs"}
