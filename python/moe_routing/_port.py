@@ -29,21 +29,35 @@ def is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def reads_values(*tensors) -> bool:
+def reads_values(function: str, *tensors) -> bool:
     """Whether the ports' data checks run, which read index values on the host: not while
     torch.compile traces, and not on tensors that hold no values (meta tensors, FakeTensorMode's
     fakes), where the call computes only shapes, as the operators' fake functions do. Those paths
     give what a compiled graph gives (an invalid index is refused by the operator that reads it,
-    never read as a wrong row)."""
+    never read as a wrong row). `tensors` are every tensor the check reads, directly or through
+    what the call computed from them: where torch.func.vmap batches one of them, the check can
+    neither read its values nor be left out (what a compiled graph's skipped checks let through
+    would become silently wrong rows of a batch), so `function` refuses the call; an unbatched
+    index is checked under vmap as in eager mode."""
     if is_compiling():
         return False
-    return not any(isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t) or is_batched(t)) for t in tensors)
+    if any(isinstance(t, torch.Tensor) and is_batched(t) for t in tensors):
+        raise NotImplementedError(
+            f"{function}: torch.func.vmap over its index arguments is not supported, got a batched one (the "
+            "function checks index values on the host, which vmap's batched tensors do not expose); call it once "
+            "per sample, or batch moe_routing's operators, which vmap supports")
+    return not any(isinstance(t, torch.Tensor) and (t.is_meta or is_fake(t)) for t in tensors)
 
 
 def is_batched(t: torch.Tensor) -> bool:
-    """Whether t is torch.func.vmap's batched wrapper, whose values no host check can read (each
-    sample's operator call still checks its own index, as under torch.compile)."""
-    return torch._C._functorch.is_batchedtensor(t)
+    """Whether torch.func.vmap batches t at some level (also inside another transform's wrapper, as
+    in vmap(grad(f)))."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(t):
+        if functorch.is_batchedtensor(t):
+            return True
+        t = functorch.get_unwrapped(t)
+    return False
 
 
 def renamed_errors(function: str, call, names: Optional[Dict[str, str]] = None):
@@ -153,7 +167,7 @@ def int32_index(function: str, name: str, index: torch.Tensor, low: int, high: i
     outside is an IndexError naming its position; under torch.compile (no data checks) an int64
     value outside the int32 range becomes INT32_MIN instead of wrapping, so the operator that reads
     it rejects it rather than reading a wrong row."""
-    checked = reads_values(index)
+    checked = reads_values(function, index)
     if checked:
         # A bound outside the index's dtype (num_expert = 2**31 for int32 ids) would wrap in the
         # comparison and flag valid values: compare in int64 then.
@@ -337,8 +351,10 @@ def routed_slots(routing_map: torch.Tensor, k: int) -> torch.Tensor:
 
 def by_slot(values: torch.Tensor, slots: torch.Tensor, k: int, fill) -> torch.Tensor:
     """[N, k]: out[n, slots[n, e]] = values[n, e] for the slots below k, `fill` elsewhere (an exact scatter)."""
-    out = torch.full((values.shape[0], k + 1), fill, dtype=values.dtype, device=values.device)
-    return out.scatter(1, slots, values)[:, :k]
+    # new_full, not torch.full: under torch.func.vmap it is batched as `values` is, so the in-place
+    # scatter below batches too (as in sorted_pairs and megatron's inverse map).
+    out = values.new_full((values.shape[0], k + 1), fill)
+    return out.scatter_(1, slots, values)[:, :k]
 
 
 MAP_DTYPES = (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
@@ -394,7 +410,6 @@ def sorted_pairs(row_idx: torch.Tensor, rows: int) -> torch.Tensor:
     """The flat pair n*E + e of each of the first `rows` sorted rows: the inverse of the sort's
     pair -> row permutation (int64)."""
     pairs = row_idx.numel()
-    # Out of place, as every scatter of the permutes: torch.func.vmap batches it (it has no rule
-    # for an in-place scatter into an unbatched tensor).
-    inverse = torch.empty(pairs, dtype=torch.long, device=row_idx.device)
-    return inverse.scatter(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))[:rows]
+    inverse = row_idx.new_empty(pairs, dtype=torch.long)  # batched under vmap as row_idx (by_slot)
+    inverse.scatter_(0, row_idx.long(), torch.arange(pairs, device=row_idx.device))
+    return inverse[:rows]

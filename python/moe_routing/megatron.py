@@ -49,8 +49,8 @@ def _inverse_map(routing_map: torch.Tensor, pairs: torch.Tensor, num_out_tokens:
         return torch.empty((2, 0, 0), dtype=torch.long, device=pairs.device)
     topk = num_out_tokens // n
     slots = routed_slots(routing_map, topk)
-    row_of_pair = torch.full((n * e,), -1, dtype=torch.long, device=pairs.device)
-    row_of_pair = row_of_pair.scatter(0, pairs, torch.arange(pairs.numel(), device=pairs.device))
+    row_of_pair = pairs.new_full((n * e,), -1)  # batched under vmap as pairs (_port.by_slot)
+    row_of_pair.scatter_(0, pairs, torch.arange(pairs.numel(), device=pairs.device))
     expert = torch.arange(e, device=pairs.device).expand(n, e)
     return torch.stack((by_slot(row_of_pair.view(n, e), slots, topk, -1), by_slot(expert, slots, topk, -1)))
 
@@ -94,9 +94,9 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         # pairs, dropless (its drop_and_pad branch needs a count); v0.17 and later require it. The
         # routed count is read from routing_map's values: not while torch.compile traces, nor on
         # tensors without values.
-        if not reads_values(routing_map):
+        if not reads_values(function, routing_map):
             raise ValueError(f"{function}: num_out_tokens must be given (None reads the routed count from "
-                             f"routing_map, in eager mode on tensors with values only, not under torch.func.vmap; Megatron-Core's "
+                             f"routing_map, in eager mode on tensors with values only; Megatron-Core's "
                              f"dispatchers pass num_tokens * topk or the routed count), got None")
         num_out_tokens, drop_and_pad = int(torch.count_nonzero(routing_map)), False
     count = check_int(function, "num_out_tokens", num_out_tokens, minimum=0)
@@ -108,7 +108,7 @@ def permute(tokens: torch.Tensor, routing_map: torch.Tensor, probs: Optional[tor
         if (count % n != 0) if n > 0 else (count != 0):
             raise ValueError(f"{function}: return_batch_invariant_inverse_map needs num_out_tokens a multiple of "
                              f"num_tokens {n} (a fixed top-k), got {count}")
-        if n > 0 and reads_values(routing_map):
+        if n > 0 and reads_values(function, routing_map):
             # Every token must route exactly top-k experts, or its slots would spill into the next
             # token's (or take unrouted pairs) and the map would be silently wrong.
             routed = (routing_map != 0).sum(1)
@@ -180,7 +180,7 @@ def unpermute(permuted_tokens: torch.Tensor, sorted_indices: torch.Tensor, resto
                          f"(permute's maximum), got {rows}")
     # The pair -> row permutation of permute's sort (the sort alone, on a zero-width x).
     _, row_idx, _, _ = moe_init_routing_v2(permuted_tokens.new_empty((n, 0)), keys)
-    if reads_values(sorted_indices):
+    if reads_values(function, sorted_indices, routing_map, permuted_tokens):  # row_idx comes from both
         expected = sorted_pairs(row_idx, rows) // e
         bad = first_true(sorted_indices != expected)
         if bad is not None:

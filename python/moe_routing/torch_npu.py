@@ -69,7 +69,7 @@ def npu_moe_init_routing(x: torch.Tensor, row_idx: torch.Tensor, expert_idx: tor
         raise ValueError(f"{function}: expert_idx must have x's {x.shape[0]} rows, got {expert_idx.shape[0]}")
     active_num = check_int(function, "active_num", active_num, minimum=0)
     n, k = expert_idx.shape
-    if reads_values(row_idx):
+    if reads_values(function, row_idx):
         canonical = torch.arange(n * k, dtype=torch.int32, device=row_idx.device).view(k, n).t()
         bad = first_true(row_idx != canonical)
         if bad is not None:
@@ -185,7 +185,7 @@ def _permute_keys(function: str, indices: torch.Tensor) -> torch.Tensor:
     info = torch.iinfo(indices.dtype)
     low, high = indices == info.min, indices == info.max
     valid = ((indices >= 0) & (indices < _EXACT_KEYS)) | low | high
-    if reads_values(indices):
+    if reads_values(function, indices):
         bad = first_true(~valid)
         if bad is not None:
             raise IndexError(f"{function}: indices{position(indices.shape, bad)} must be in [0, {_EXACT_KEYS}) "
@@ -304,7 +304,7 @@ def _combine_pairs(function: str, permuted_tokens: torch.Tensor, sorted_indices:
         tokens, active = permuted_tokens, rows
         if rows == pairs:
             active = 0
-        elif not reads_values(sorted_indices):
+        elif not reads_values(function, sorted_indices):
             tokens = torch.cat([permuted_tokens, permuted_tokens.new_zeros((pairs - rows, permuted_tokens.shape[1]))])
             active = 0
         return renamed_errors(function, lambda: moe_init_routing_grad(tokens, index, 1, 0, active,
@@ -352,7 +352,7 @@ def npu_moe_token_permute_with_routing_map(tokens: torch.Tensor, routing_map: to
         k = 0  # capacity num_out_tokens // E <= N by the bound above
     else:
         k = count // n if n > 0 else 0
-        if reads_values(routing_map) and n > 0:
+        if reads_values(function, routing_map) and n > 0:
             routed = (routing_map != 0).sum(1)
             bad = first_true(routed != k)
             if bad is not None:
@@ -433,7 +433,7 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
         pair_probs = None
         if probs is not None:
             routed = routing_map != 0
-            if reads_values(routing_map):
+            if reads_values(function, routing_map):
                 bad = first_true(routed.sum(1) > k)
                 if bad is not None:
                     raise ValueError(f"{function}: routing_map must route each token to at most topK = "
@@ -465,7 +465,7 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
     token = int32_index(function, "sorted_indices", sorted_indices, 0, n, "a token of restore_shape[0]").long()
     row = torch.arange(rows, device=token.device)
     pair = token * e + row // max(capacity, 1)
-    checked = reads_values(sorted_indices)
+    checked = reads_values(function, sorted_indices)
     if checked and rows > 0:
         taken = torch.zeros(n * e, dtype=torch.long, device=token.device).index_add_(0, pair, torch.ones_like(pair))
         bad = first_true(taken[pair] > 1)
@@ -483,13 +483,13 @@ def npu_moe_token_unpermute_with_routing_map(permuted_tokens: torch.Tensor, sort
                              f"name), got {rows} entries")
         valid = (token >= 0) & (token < n)
         pair = torch.where(valid, pair, n * e)
-        taken = torch.zeros(n * e + 1, dtype=torch.long, device=token.device).index_add(0, pair,
-                                                                                         torch.ones_like(pair))
+        taken = torch.zeros(n * e + 1, dtype=torch.long, device=token.device).index_add_(0, pair,
+                                                                                          torch.ones_like(pair))
         refused = ((~valid) | (taken[pair] > 1)).any()
         spare = 1
     # Pairs (n, e) at n*E + e, row layout with K = E; a pair with no row keeps -1 (skipped).
     index = torch.full((n * e + spare,), -1, dtype=torch.int32, device=token.device)
-    index = index.scatter(0, pair, row.to(torch.int32))[:n * e]  # out of place: vmap batches it
+    index = index.scatter_(0, pair, row.to(torch.int32))[:n * e]
     if not checked:
         index = torch.where(refused, -INT32_MAX - 1, index)
     names = {"expanded_x": "permuted_tokens", "grad_expanded_x": "permuted_tokens", "scales": "probs"}
